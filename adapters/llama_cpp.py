@@ -1,0 +1,344 @@
+"""The llama.cpp backend: a pinned context, chunked prefill, and exact KV capture/restore.
+
+Exactness on sliding-window models (Gemma 3) rests on one measured fact: the per-sequence save of
+llama.cpp drops SWA-masked cells, and a restore then lays the cache out differently from the original,
+which changes attention's float reductions. So we capture **every** cell with the whole-context writer
+(``llama_state_get_data``), turn its framing into the sequence framing (strip the architecture string,
+prepend the 8-byte sequence header) and load it with ``llama_state_seq_set_data`` into a cleared
+context. The sequence loader places the cells from cell 0 in their saved order and leaves the head after
+them, exactly as the original prefill did.
+
+``Llama.save_state``/``load_state`` are not used: they are wrong on Gemma 3 past its window, and slow.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._config import KV_TYPES, LlamaConfig
+from .._exceptions import BackendError, ConfigError, ContextOverflowError, IntegrityError
+
+try:
+    import llama_cpp
+except ImportError as exc:  # pragma: no cover - llama-cpp-python is a core dependency
+    raise ImportError("kvgraft needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36'") from exc
+
+__all__ = ["LlamaBackend", "SeqStateInfo", "inspect_seq_state", "llama_cpp_version"]
+
+logger = logging.getLogger(__name__)
+
+#: Magic that ``llama_state_seq_get_data`` writes before the sequence id (llama-context.cpp, io_magic).
+SEQ_STATE_MAGIC = 0xAF143CD8
+_SEQ_HEADER = struct.Struct("<Ii")
+_U32 = struct.Struct("<I")
+_LAYER_HEADER = struct.Struct("<iQ")
+_VTRANS_HEADER = struct.Struct("<iII")
+
+
+def llama_cpp_version() -> str:
+    """The llama-cpp-python version: it pins the state byte format."""
+    return str(llama_cpp.__version__)
+
+
+# llama.cpp logs through this callback into Python logging instead of printing on stderr.
+@llama_cpp.llama_log_callback
+def _log_to_logging(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if message:
+        logger.debug("llama.cpp: %s", message)
+
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def _init_llama_backend() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llama_cpp.llama_log_set(_log_to_logging, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialized = True
+
+
+@dataclass(frozen=True)
+class SeqStateInfo:
+    """What a sequence-framed KV state holds, read from its bytes without trusting them."""
+
+    n_tokens: int
+    """Highest position + 1: the number of prefix tokens the state represents."""
+    n_cells: tuple[int, ...]
+    """Cells per cache section (one for a dense model; base and SWA caches for Gemma 3)."""
+    k_types: tuple[int, ...]
+    """ggml type ids of the K rows, one per section."""
+    v_types: tuple[int, ...]
+    """ggml type ids of the V rows, one per section."""
+
+
+def inspect_seq_state(payload: bytes | bytearray | memoryview) -> SeqStateInfo:
+    """Walk a sequence-framed state and check every length and field against the buffer.
+
+    The walk follows ``llama_kv_cache::state_write`` of the pinned llama.cpp. Each section must hold
+    one stream whose cells all belong to sequence 0 only, with distinct positions. Anything else is
+    refused with `IntegrityError` before the bytes can reach native code.
+    """
+    view = memoryview(payload).cast("B")
+    size = len(view)
+    offset = 0
+
+    def take(n: int) -> memoryview:
+        nonlocal offset
+        if n < 0 or offset + n > size:
+            raise IntegrityError(f"KV state truncated at byte {offset} (needs {n} more, has {size - offset})")
+        chunk = view[offset : offset + n]
+        offset += n
+        return chunk
+
+    magic, seq_id = _SEQ_HEADER.unpack(take(_SEQ_HEADER.size))
+    if magic != SEQ_STATE_MAGIC or seq_id != 0:
+        raise IntegrityError(f"not a sequence-0 KV state (magic {magic:#x}, seq {seq_id})")
+
+    n_cells: list[int] = []
+    k_types: list[int] = []
+    v_types: list[int] = []
+    max_pos = -1
+    while offset < size:
+        (n_stream,) = _U32.unpack(take(4))
+        if n_stream != 1:
+            raise IntegrityError(f"KV state has {n_stream} streams; only single-stream contexts are supported")
+        (cell_count,) = _U32.unpack(take(4))
+        if cell_count == 0:
+            raise IntegrityError("KV state section holds no cells")
+        # Per cell: pos (i32), n_seq_id (u32) == 1, seq_id (i32) == 0. No cell ext on these models.
+        meta = np.frombuffer(take(12 * cell_count), dtype="<i4").reshape(cell_count, 3)
+        if not (np.all(meta[:, 1] == 1) and np.all(meta[:, 2] == 0)):
+            raise IntegrityError("KV state has cells outside sequence 0")
+        positions = meta[:, 0]
+        if positions.min() < 0 or len(np.unique(positions)) != cell_count:
+            raise IntegrityError("KV state has negative or repeated positions")
+        max_pos = max(max_pos, int(positions.max()))
+        v_trans, n_layer = struct.unpack("<II", take(8))
+        if v_trans not in (0, 1) or n_layer == 0 or n_layer > 1024:
+            raise IntegrityError(f"KV state has a bad layer header (v_trans={v_trans}, n_layer={n_layer})")
+        section_k = {_read_rows(take, cell_count) for _ in range(n_layer)}
+        if v_trans:
+            section_v = {_read_transposed(take, cell_count) for _ in range(n_layer)}
+        else:
+            section_v = {_read_rows(take, cell_count) for _ in range(n_layer)}
+        if len(section_k) != 1 or len(section_v) != 1:
+            raise IntegrityError("KV state mixes element types across layers")
+        n_cells.append(cell_count)
+        k_types.append(section_k.pop())
+        v_types.append(section_v.pop())
+    if not n_cells:
+        raise IntegrityError("KV state holds no cache section")
+    return SeqStateInfo(max_pos + 1, tuple(n_cells), tuple(k_types), tuple(v_types))
+
+
+def _read_rows(take: Any, cell_count: int) -> int:
+    type_id, row_size = _LAYER_HEADER.unpack(take(_LAYER_HEADER.size))
+    if row_size == 0 or row_size > 1 << 24:
+        raise IntegrityError(f"KV state has an implausible row size {row_size}")
+    take(row_size * cell_count)
+    return int(type_id)
+
+
+def _read_transposed(take: Any, cell_count: int) -> int:
+    type_id, el_size, n_embd = _VTRANS_HEADER.unpack(take(_VTRANS_HEADER.size))
+    if el_size == 0 or el_size > 8 or n_embd == 0 or n_embd > 1 << 20:
+        raise IntegrityError(f"KV state has an implausible V layout ({el_size} B x {n_embd})")
+    take(el_size * n_embd * cell_count)
+    return int(type_id)
+
+
+class LlamaBackend:
+    """One GGUF model and one pinned llama.cpp context for a single sequence.
+
+    Not thread-safe: the engine serialises calls with its lock.
+    """
+
+    def __init__(self, model_path: str | Path, config: LlamaConfig) -> None:
+        path = Path(model_path)
+        if not path.is_file():
+            raise ConfigError(f"model file not found: {path}")
+        _init_llama_backend()
+        self.model_path = path
+        self.config = config
+
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise BackendError(f"llama.cpp could not load the model {path}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = config.n_batch
+        cparams.n_ubatch = config.n_ubatch
+        cparams.n_seq_max = 1
+        cparams.n_threads = config.n_threads
+        cparams.n_threads_batch = config.n_threads
+        cparams.type_k = KV_TYPES[config.type_k]
+        cparams.type_v = KV_TYPES[config.type_v]
+        cparams.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.swa_full = config.swa_full
+        cparams.embeddings = False
+        cparams.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise BackendError(f"llama.cpp could not create a context for {path} with {config}")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
+        self.arch = self._meta("general.architecture")
+        self.n_past = 0
+        logger.info("loaded %s (%s, n_swa=%d) with %s", path.name, self.arch, self.n_swa, config)
+
+    # -- model facts --------------------------------------------------------------------------------
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else ""
+
+    def device(self) -> str:
+        """Where the KV cache lives: "cpu", or "gpu" when layers are offloaded to one."""
+        if self.config.n_gpu_layers != 0 and llama_cpp.llama_supports_gpu_offload():
+            return "gpu"
+        return "cpu"
+
+    # -- tokens -------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """Tokenize ``text``. Special-token syntax in the text is kept as plain text."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, False)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, False)
+        if n < 0:
+            raise BackendError(f"tokenization failed ({n})")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The UTF-8 bytes of one token (may be a partial character)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- KV cache -----------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty the KV cache. A cleared context restores bitwise like a fresh one."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` after the current position in chunks of ``n_batch``.
+
+        Returns a copy of the logits after the last token. The chunking depends only on
+        ``len(tokens)``, so the same call sequence gives the same chunks on every route.
+        """
+        if not tokens:
+            raise ConfigError("prefill needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past} + {len(tokens)} tokens do not fit in n_ctx={self.n_ctx}"
+            )
+        batch = self._batch
+        step = self.config.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self.n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 0
+            last = start + len(chunk) == len(tokens)
+            batch.logits[len(chunk) - 1] = 1 if last else 0
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc != 0:
+                raise BackendError(f"llama_decode failed with {rc} at position {self.n_past}")
+            self.n_past += len(chunk)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def capture_state(self) -> bytearray:
+        """The whole KV cache, every cell, in sequence framing for `restore_state`."""
+        size = llama_cpp.llama_state_get_size(self._ctx)
+        raw = bytearray(size)
+        c_raw = (ctypes.c_uint8 * size).from_buffer(raw)
+        written = llama_cpp.llama_state_get_data(self._ctx, c_raw, size)
+        del c_raw
+        if written == 0:
+            raise BackendError("llama_state_get_data wrote nothing")
+        (arch_len,) = _U32.unpack_from(raw, 0)
+        arch = raw[4 : 4 + arch_len].decode("utf-8", errors="replace")
+        if arch != self.arch:
+            raise BackendError(f"state names architecture {arch!r}, the model is {self.arch!r}")
+        body = memoryview(raw)[4 + arch_len : written]
+        out = bytearray(_SEQ_HEADER.size + len(body))
+        _SEQ_HEADER.pack_into(out, 0, SEQ_STATE_MAGIC, 0)
+        out[_SEQ_HEADER.size :] = body
+        return out
+
+    def restore_state(self, payload: bytearray | memoryview, n_tokens: int) -> None:
+        """Clear the cache and load ``payload`` (from `capture_state`) into sequence 0.
+
+        ``payload`` must be writable so that ctypes can hand its memory to llama.cpp without a copy.
+        """
+        self.reset()
+        view = memoryview(payload)
+        size = view.nbytes
+        c_buf = (ctypes.c_uint8 * size).from_buffer(view)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, c_buf, size, 0)
+        del c_buf
+        if read != size:
+            self.reset()
+            raise BackendError(f"llama.cpp refused the KV state (read {read} of {size} bytes)")
+        pos_max = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+        if pos_max != n_tokens - 1:
+            self.reset()
+            raise BackendError(f"restored cache ends at position {pos_max}, expected {n_tokens - 1}")
+        self.n_past = n_tokens
+
+    def close(self) -> None:
+        """Free the context and the model."""
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,65 @@
+"""kvgraft: exact KV-cache grafting of verified solved problems into llama.cpp.
+
+A library entry is stored as the KV cache of its prompt + solution. For a new query the engine finds
+the closest entry, restores its cache bit for bit, prefills only the query and decodes. The output is
+identical to text RAG with the same entry, at a fraction of the time to first token.
+"""
+
+from ._config import EngineConfig, LlamaConfig
+from ._engine import GraftChunk, GraftEngine, GraftResult
+from ._exceptions import (
+    BackendError,
+    ConfigError,
+    ContextOverflowError,
+    EntryNotFoundError,
+    IncompatibleStateError,
+    IndexMismatchError,
+    InexactStateError,
+    IntegrityError,
+    KVGraftError,
+    LibraryError,
+    NoMatchError,
+    QueryError,
+    SignatureError,
+    SourceError,
+    StateError,
+)
+from ._index import Embedder, Hit, VectorIndex
+from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, read_source
+from ._template import TEMPLATE_VERSION, Entry
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TEMPLATE_VERSION",
+    "BackendError",
+    "BaseStateCache",
+    "ConfigError",
+    "ContextOverflowError",
+    "Embedder",
+    "EngineConfig",
+    "Entry",
+    "EntryNotFoundError",
+    "EntryRecord",
+    "GraftChunk",
+    "GraftEngine",
+    "GraftResult",
+    "Hit",
+    "IncompatibleStateError",
+    "IndexMismatchError",
+    "InexactStateError",
+    "IntegrityError",
+    "KVGraftError",
+    "Library",
+    "LibraryError",
+    "LlamaConfig",
+    "NoMatchError",
+    "QueryError",
+    "RamStateCache",
+    "SignatureError",
+    "SourceError",
+    "StateError",
+    "VectorIndex",
+    "__version__",
+    "read_source",
+]

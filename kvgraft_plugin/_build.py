@@ -1,0 +1,211 @@
+"""``kvgraft build``: render each entry, prefill it, save its exact KV state, index it.
+
+Builds are incremental and resumable. The manifest is rewritten (atomically) after every entry, so an
+interrupted build leaves a usable library holding every completed entry, and rerunning resumes it.
+Each state is verified bitwise when it is built: the entry's own problem is fed as a probe after the
+original prefill and after a restore, and the two logit vectors must be equal. A state that fails is
+kept but flagged ``inexact``, and the engine never grafts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._checks import entry_problems
+from ._engine import GraftEngine
+from ._exceptions import ContextOverflowError, LibraryError, SourceError
+from ._index import IndexKind, VectorIndex
+from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256
+from ._models import bundled_model_path
+from ._state import atomic_write, encode_state
+from ._template import Entry, render_query
+
+__all__ = ["BuildReport", "build_library", "capture_entry"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildReport:
+    """What a build did."""
+
+    built: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    invalid: dict[str, list[str]] = field(default_factory=dict)
+    inexact: list[str] = field(default_factory=list)
+
+
+def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearray, float]:
+    """Prefill ``entry``'s prefix, capture its state and check a restore bitwise.
+
+    Returns (prefix tokens, sequence-framed state, max |logit diff| of the probe: 0.0 when exact).
+    Every reference is a fresh prefill: nothing is rolled back on a sliding-window cache.
+    """
+    backend = engine.backend
+    tokens = engine.prefix_tokens(entry)
+    probe = backend.tokenize(render_query(entry.problem), add_bos=False)
+    if len(tokens) + len(probe) + 1 > backend.n_ctx:
+        raise ContextOverflowError(f"entry {entry.id} needs {len(tokens)} tokens; n_ctx is {backend.n_ctx}")
+    backend.reset()
+    backend.prefill(tokens)
+    payload = backend.capture_state()
+    reference = backend.prefill(probe)
+    backend.restore_state(payload, len(tokens))
+    grafted = backend.prefill(probe)
+    backend.reset()
+    if np.array_equal(reference, grafted):
+        return tokens, payload, 0.0
+    return tokens, payload, float(np.max(np.abs(reference - grafted)))
+
+
+def build_library(
+    library_dir: str | Path,
+    source: list[Entry],
+    *,
+    engine: GraftEngine,
+    rebuild: bool = False,
+    prune: bool = False,
+    skip_invalid: bool = False,
+    index_kind: IndexKind | None = None,
+    threshold: float | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> BuildReport:
+    """Build or update the library at ``library_dir`` from ``source`` with ``engine``'s model.
+
+    ``engine`` must have been created without a library (or on this one) and with the configuration
+    the library is to be served with: that configuration becomes the states' fingerprint.
+    """
+    path = Path(library_dir)
+    report = BuildReport()
+    for entry in source:
+        problems = entry_problems(entry)
+        if problems:
+            report.invalid[entry.id] = problems
+    if report.invalid and not skip_invalid:
+        lines = [f"  {k}: {'; '.join(v)}" for k, v in report.invalid.items()]
+        raise SourceError(f"{len(report.invalid)} entries failed verification:\n" + "\n".join(lines))
+    for entry_id, problems in report.invalid.items():
+        logger.warning("skipping invalid entry %s: %s", entry_id, "; ".join(problems))
+    wanted = [e for e in source if e.id not in report.invalid]
+
+    library = Library.open(path) if (path / "manifest.json").is_file() else Library.create(path)
+    with library.lock():
+        fingerprint = engine.fingerprint
+        fp_sha = fingerprint_sha256(fingerprint)
+        if library.fingerprint and library.fingerprint != fingerprint and library.entries:
+            logger.warning("configuration or model changed: every entry of %s is rebuilt", path)
+        library.fingerprint = fingerprint
+        library.model = _model_record(engine)
+        (path / "states").mkdir(parents=True, exist_ok=True)
+
+        if prune:
+            keep = {e.id for e in wanted}
+            for entry_id in sorted(set(library.entries) - keep):
+                record = library.entries.pop(entry_id)
+                (path / record.state_file).unlink(missing_ok=True)
+                report.removed.append(entry_id)
+
+        for entry in wanted:
+            old = library.entries.get(entry.id)
+            src_sha = source_sha256(entry)
+            if (
+                not rebuild
+                and old is not None
+                and old.source_sha256 == src_sha
+                and old.fingerprint_sha256 == fp_sha
+                and (path / old.state_file).is_file()
+            ):
+                report.skipped.append(entry.id)
+            else:
+                if old is not None and old.source_sha256 != src_sha:
+                    logger.warning("entry %s changed: rebuilding it", entry.id)
+                record = _build_entry(engine, path, entry, src_sha, fp_sha)
+                library.entries[entry.id] = record
+                library.save()  # each completed entry is durable before the next starts
+                report.built.append(entry.id)
+                if record.fidelity != "exact":
+                    report.inexact.append(entry.id)
+                    logger.warning("entry %s is not bitwise exact (max diff %g): it will not be grafted",
+                                   entry.id, record.fidelity_max_diff)
+            if progress is not None:
+                progress(1)
+
+        _update_index(library, engine, index_kind, rebuild_all=rebuild or bool(report.removed))
+        if threshold is not None:
+            library.threshold = threshold
+        library.save()
+    return report
+
+
+def _build_entry(engine: GraftEngine, path: Path, entry: Entry, src_sha: str, fp_sha: str) -> EntryRecord:
+    tokens, payload, max_diff = capture_entry(engine, entry)
+    data = encode_state(entry.id, tokens, engine.fingerprint, payload)
+    state_file = f"states/{entry.id}.kvg"
+    atomic_write(path / state_file, data)
+    return EntryRecord(
+        entry=entry,
+        tokens=tuple(tokens),
+        state_file=state_file,
+        state_sha256=hashlib.sha256(data).hexdigest(),
+        state_digest=bytes(data[-32:]).hex(),
+        state_bytes=len(data),
+        fingerprint_sha256=fp_sha,
+        source_sha256=src_sha,
+        fidelity="exact" if max_diff == 0.0 else "inexact",
+        fidelity_max_diff=max_diff,
+    )
+
+
+def _model_record(engine: GraftEngine) -> dict[str, Any]:
+    model_path = engine.backend.model_path.resolve()
+    bundled = None
+    for name in ("gemma3-270m", "smollm2-135m"):
+        try:
+            if bundled_model_path(name).resolve() == model_path:  # type: ignore[arg-type]
+                bundled = name
+        except Exception:  # a bundled model that is not installed is simply not this one
+            continue
+    return {"path": str(model_path), "sha256": engine.model_sha256, "bundled": bundled}
+
+
+def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool) -> None:
+    """Add missing entries to the index; rebuild it when entries left or changed, or the embedder did."""
+    embedder = engine.embedder
+    kind = kind or library.index.get("kind") or "flat"
+    index: VectorIndex | None = None
+    stale = (
+        rebuild_all
+        or library.embedder != embedder.identity
+        or library.index.get("kind") != kind
+        or library.index.get("problems") is None
+    )
+    if not stale:
+        try:
+            index = VectorIndex.load(library.path, library.index, embedder.dim)
+        except LibraryError as exc:
+            logger.warning("rebuilding the index: %s", exc)
+    indexed_problems: dict[str, str] = {} if index is None else dict(library.index.get("problems", {}))
+    if index is not None and any(
+        library.entries.get(i) is None or library.entries[i].entry.problem != indexed_problems.get(i)
+        for i in index.ids
+    ):
+        index = None  # an entry left or its problem text changed: rows cannot be edited in place
+    if index is None:
+        index, indexed_problems = VectorIndex(embedder.dim, kind), {}
+    missing = [i for i in sorted(library.entries) if i not in indexed_problems]
+    if missing:
+        vectors = embedder.encode([library.entries[i].entry.problem for i in missing])
+        index.add(missing, vectors)
+        indexed_problems.update({i: library.entries[i].entry.problem for i in missing})
+    record = index.save(library.path)
+    record["problems"] = indexed_problems
+    library.index = record
+    library.embedder = embedder.identity

@@ -1,0 +1,127 @@
+"""Validated, frozen configuration objects.
+
+`LlamaConfig` holds every llama.cpp setting that is pinned for exactness: each of them goes into the
+state fingerprint. `EngineConfig` adds routing and generation settings, which do not touch the KV bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._exceptions import ConfigError
+
+__all__ = ["KV_TYPES", "EngineConfig", "LlamaConfig", "RouteMode"]
+
+RouteMode = Literal["auto", "graft", "text-rag", "plain"]
+FallbackPolicy = Literal["auto", "raise"]
+
+#: KV cache element types accepted for ``type_k`` / ``type_v``, with their ggml type ids.
+KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The pinned llama.cpp configuration. Names follow ``llama_cpp.Llama``.
+
+    Every field is part of the compatibility fingerprint of a saved state (conservatively: n_threads,
+    n_ctx and n_batch were only proven harmless on a dense model).
+    """
+
+    model_path: str | None = None
+    """Path to a GGUF file. ``None`` uses the library's model, then the bundled default (Gemma 3 270M)."""
+    n_ctx: int = 4096
+    """Context length in tokens."""
+    n_batch: int = 512
+    """Logical batch: prefill is fed in chunks of this many tokens."""
+    n_ubatch: int = 512
+    """Physical micro-batch. It changed exactness on Gemma 3, so it is pinned."""
+    n_threads: int = field(default_factory=_default_threads)
+    """CPU threads for decode and prefill."""
+    type_k: str = "f16"
+    """K cache type, one of `KV_TYPES`."""
+    type_v: str = "f16"
+    """V cache type, one of `KV_TYPES` (quantized V needs ``flash_attn=True``)."""
+    flash_attn: bool = False
+    """Flash attention, set explicitly: llama.cpp's "auto" would let the bits depend on the machine."""
+    swa_full: bool = False
+    """Full-size sliding-window cache."""
+    n_gpu_layers: int = 0
+    """Layers offloaded to a GPU (0 = CPU only)."""
+    seed: int = 0
+    """Seed for sampled decoding."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_ubatch > self.n_batch:
+            raise ConfigError(f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
+        for name in ("type_k", "type_v"):
+            if getattr(self, name) not in KV_TYPES:
+                raise ConfigError(f"{name} must be one of {sorted(KV_TYPES)}, got {getattr(self, name)!r}")
+        if self.type_v not in ("f16", "f32", "bf16") and not self.flash_attn:
+            raise ConfigError("a quantized type_v needs flash_attn=True")
+        if self.n_gpu_layers < -1:
+            raise ConfigError(f"n_gpu_layers must be >= -1, got {self.n_gpu_layers}")
+
+    def replace(self, **changes: Any) -> LlamaConfig:
+        """Return a copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything a `GraftEngine` needs: the pinned llama.cpp settings plus routing and decoding."""
+
+    llama: LlamaConfig = field(default_factory=LlamaConfig)
+    """Pinned llama.cpp settings."""
+    embedder: str | None = None
+    """sentence-transformers model name or path. ``None`` uses the library's, then bundled MiniLM."""
+    threshold: float | None = None
+    """Minimum cosine similarity for an entry to be used. ``None``: the library's calibrated value."""
+    margin: float = 0.0
+    """Minimum gap between the best and second-best score (0 disables the check)."""
+    top_k: int = 4
+    """How many neighbours the index returns."""
+    max_tokens: int = 64
+    """Decode budget per answer."""
+    temperature: float = 0.0
+    """0 decodes greedily; above 0 samples from the softmax at this temperature (seeded)."""
+    stop: tuple[str, ...] = ("\n",)
+    """Stop strings; the text ends before the first one. Leading whitespace never stops it."""
+    cache_bytes: int = 1 << 30
+    """Byte budget of the in-process LRU of verified state bytes."""
+    fallback: FallbackPolicy = "auto"
+    """``"raise"`` raises `NoMatchError` instead of falling back to plain decoding."""
+    key_file: str | None = None
+    """HMAC key file; when set, only a correctly signed library is used."""
+
+    def __post_init__(self) -> None:
+        if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"threshold must be within [-1, 1], got {self.threshold}")
+        if not 0.0 <= self.margin <= 2.0:
+            raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
+        if self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.cache_bytes < 0:
+            raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+        if self.fallback not in ("auto", "raise"):
+            raise ConfigError(f"fallback must be 'auto' or 'raise', got {self.fallback!r}")
+        if isinstance(self.stop, (str, list)):
+            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """Return a copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)

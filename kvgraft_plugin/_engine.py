@@ -1,0 +1,506 @@
+"""The graft engine: query -> embed -> match -> restore -> decode -> answer, in one place.
+
+`GraftEngine.stream` is the data path; every other entry point (`ask`, the CLI, the LangChain
+classes) goes through it. Each step is one call into its layer: `Embedder`/`VectorIndex` (match),
+`Library` (checked state bytes), `LlamaBackend` (restore, prefill, decode).
+
+Thread safety: one engine owns one llama.cpp context, and a re-entrant lock serialises whole requests
+on it (a request holds the context from its first prefill to its last decoded token). Concurrent
+callers therefore get exactly the outputs they would get serially. Run one engine per worker for
+parallel throughput.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._config import KV_TYPES, EngineConfig, LlamaConfig, RouteMode
+from ._exceptions import (
+    ConfigError,
+    ContextOverflowError,
+    LibraryError,
+    NoMatchError,
+    QueryError,
+    StateError,
+)
+from ._index import Embedder, Hit, VectorIndex
+from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key
+from ._models import bundled_model_path, file_sha256
+from ._state import FORMAT_VERSION, SavedState
+from ._template import TEMPLATE_VERSION, render_entry, render_preamble, render_query
+from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
+
+__all__ = ["GraftChunk", "GraftEngine", "GraftResult"]
+
+logger = logging.getLogger(__name__)
+
+ROUTES = ("graft", "text-rag", "plain")
+FALLBACK_CODES = ("no-match", "integrity", "incompatible", "inexact", "too-long", "unsigned", "missing")
+DEFAULT_THRESHOLD = 0.75
+
+
+@dataclass
+class GraftResult:
+    """The answer and how it was produced. `to_json` gives the CLI's ``--json`` object."""
+
+    text: str
+    route: str
+    """``"graft"``, ``"text-rag"`` or ``"plain"``: the route actually taken."""
+    entry_id: str | None
+    score: float | None
+    """Cosine similarity of the routed entry; ``None`` when forced with ``entry_id`` or not routed."""
+    fallback_reason: str | None
+    """``None`` when the requested route was taken, else ``code`` or ``"code: message"``."""
+    prefill_tokens: int
+    """Tokens run through the model before the first decode."""
+    restored_tokens: int
+    """Tokens whose KV came from a saved state."""
+    decode_tokens: int
+    ttft_ms: float
+    total_ms: float
+    finish_reason: str = "stop"
+    """``"stop"`` (stop string), ``"eog"`` (end-of-generation token) or ``"length"``."""
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    """embed, search, read, check, restore, prefill, first_token, decode."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object."""
+        return asdict(self)
+
+
+@dataclass
+class GraftChunk:
+    """A piece of streamed text. The last chunk carries the final `GraftResult`."""
+
+    text: str
+    result: GraftResult | None = None
+
+
+@dataclass
+class _Plan:
+    route: str
+    tokens: list[int]
+    """Tokens to prefill from an empty cache (text-rag / plain) or after the restore (graft)."""
+    record: EntryRecord | None = None
+    state: SavedState | None = None
+    score: float | None = None
+    reason: str | None = None
+
+
+class GraftEngine:
+    """A frozen llama.cpp model plus a library of grafted solved problems.
+
+    Args:
+        library: library folder (built by ``kvgraft build``), or ``None`` for plain decoding only.
+        config: full configuration; keyword ``overrides`` are applied on top of it. Any
+            `LlamaConfig` field (``n_ctx``, ``n_threads``, ``n_gpu_layers``, ``model_path``...) and any
+            `EngineConfig` field (``threshold``, ``top_k``, ``max_tokens``, ``key_file``...) is accepted.
+        state_cache: where verified state bytes are kept between requests; an LRU of
+            ``config.cache_bytes`` by default.
+    """
+
+    def __init__(
+        self,
+        library: str | Path | Library | None = None,
+        *,
+        config: EngineConfig | None = None,
+        state_cache: BaseStateCache | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.config = _apply_overrides(config or EngineConfig(), overrides)
+        key = load_key(self.config.key_file) if self.config.key_file else None
+        if isinstance(library, Library) or library is None:
+            self.library = library
+        else:
+            self.library = Library.open(library, key=key)
+        model_path = self._resolve_model_path()
+        self.backend = LlamaBackend(model_path, self.config.llama)
+        self.model_sha256 = file_sha256(model_path)
+        self.fingerprint = self._make_fingerprint()
+        self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
+        self._embedder: Embedder | None = None
+        self._index: VectorIndex | None = None
+        self._lock = threading.RLock()
+        self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
+
+    # -- setup ----------------------------------------------------------------------------------------
+
+    def _resolve_model_path(self) -> Path:
+        if self.config.llama.model_path:
+            return Path(self.config.llama.model_path)
+        model = self.library.model if self.library is not None else {}
+        if model.get("bundled"):
+            return bundled_model_path(model["bundled"])
+        if model.get("path"):
+            return Path(model["path"])
+        return bundled_model_path()
+
+    def _make_fingerprint(self) -> dict[str, Any]:
+        """Everything that can change the KV bytes, their layout, or how later tokens are computed."""
+        import llama_cpp
+
+        llama = self.config.llama
+        return {
+            "format": FORMAT_VERSION,
+            "template": TEMPLATE_VERSION,
+            "gguf_sha256": self.model_sha256,
+            "llama_cpp_python": llama_cpp_version(),
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+            "arch": self.backend.arch,
+            "device": self.backend.device(),
+            **{f.name: getattr(llama, f.name) for f in fields(LlamaConfig) if f.name not in ("model_path", "seed")},
+            "n_ctx": self.backend.n_ctx,
+            "n_seq_max": 1,
+        }
+
+    @property
+    def embedder(self) -> Embedder:
+        """The sentence-transformers model, loaded on first use."""
+        if self._embedder is None:
+            name = self.config.embedder
+            if name is None and self.library is not None and self.library.embedder.get("name"):
+                stored = self.library.embedder["name"]
+                name = None if stored.startswith("bundled:") else stored
+            self._embedder = Embedder(name)
+        return self._embedder
+
+    @property
+    def index(self) -> VectorIndex | None:
+        """The library's faiss index, loaded and checked on first use (``None`` without a library)."""
+        if self._index is None and self.library is not None and self.library.entries:
+            stored = self.library.embedder
+            current = self.embedder.identity
+            if stored and (stored.get("dim") != current["dim"] or stored.get("files_sha256") != current["files_sha256"]):
+                from ._exceptions import IndexMismatchError
+
+                raise IndexMismatchError(
+                    f"the library was indexed with embedder {stored.get('name')!r}; "
+                    f"{current['name']!r} would route to wrong entries (rebuild with --embedder)"
+                )
+            self._index = VectorIndex.load(self.library.path, self.library.index, current["dim"])
+        return self._index
+
+    @property
+    def threshold(self) -> float:
+        """The similarity threshold in force: the config's, else the library's calibrated one."""
+        if self.config.threshold is not None:
+            return self.config.threshold
+        if self.library is not None and self.library.threshold is not None:
+            return float(self.library.threshold)
+        return DEFAULT_THRESHOLD
+
+    def prefix_tokens(self, record_or_entry: Any) -> list[int]:
+        """Token ids of the graft prefix (preamble + entry) for an entry."""
+        entry = getattr(record_or_entry, "entry", record_or_entry)
+        return self.backend.tokenize(render_preamble() + render_entry(entry), add_bos=True)
+
+    # -- public API -----------------------------------------------------------------------------------
+
+    def search(self, question: str, k: int | None = None) -> list[Hit]:
+        """The ``k`` library entries nearest to ``question``, best first (no threshold applied)."""
+        _check_question(question)
+        index = self.index
+        if index is None:
+            return []
+        return index.search(self.embedder.encode([question])[0], k or self.config.top_k)
+
+    def ask(self, question: str, **kwargs: Any) -> GraftResult:
+        """Answer ``question``; keyword arguments as for `stream`."""
+        result = None
+        for chunk in self.stream(question, **kwargs):
+            result = chunk.result or result
+        assert result is not None  # stream always ends with a result
+        return result
+
+    def stream(
+        self,
+        question: str,
+        *,
+        mode: RouteMode = "auto",
+        entry_id: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        stop: tuple[str, ...] | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Iterator[GraftChunk]:
+        """Answer ``question``, yielding text as it is decoded; the last chunk carries the result.
+
+        ``mode``: ``auto`` routes and grafts when it can, falling back to text RAG (unusable state)
+        or plain decoding (no match, too long); ``graft``/``text-rag`` force a route for the matched
+        (or ``entry_id``) entry; ``plain`` never uses the library.
+        """
+        if mode not in ("auto", *ROUTES):
+            raise ConfigError(f"mode must be one of auto, graft, text-rag, plain; got {mode!r}")
+        _check_question(question)
+        budget = max_tokens if max_tokens is not None else self.config.max_tokens
+        if budget < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {budget}")
+        with self._lock:
+            start = time.perf_counter()
+            phases: dict[str, float] = {}
+            suffix = self.backend.tokenize(render_query(question), add_bos=False)
+            plan = self._plan(question, suffix, mode, entry_id, budget, phases)
+            logits = self._prefill(plan, phases)
+            prefill_tokens = len(plan.tokens)
+            yield from self._decode(
+                plan,
+                logits,
+                start=start,
+                phases=phases,
+                prefill_tokens=prefill_tokens,
+                max_tokens=budget,
+                temperature=self.config.temperature if temperature is None else temperature,
+                stop=tuple(self.config.stop if stop is None else stop),
+                seed=self.config.llama.seed if seed is None else seed,
+            )
+
+    # -- the data path ----------------------------------------------------------------------------------
+
+    def _plan(
+        self, question: str, suffix: list[int], mode: str, entry_id: str | None, budget: int, phases: dict[str, float]
+    ) -> _Plan:
+        """Decide the route: match an entry, check it fits and its state is usable, or fall back."""
+        plain = _Plan("plain", self._preamble_tokens + suffix)
+        if len(plain.tokens) >= self.backend.n_ctx:
+            raise ContextOverflowError(
+                f"the query needs {len(plain.tokens)} tokens; n_ctx is {self.backend.n_ctx}"
+            )
+        if mode == "plain":
+            return plain
+        library = self.library
+        if library is None:
+            if mode != "auto" or entry_id is not None:
+                raise LibraryError("no library is loaded")
+            return self._no_match(plain, "no library is loaded")
+        if not library.trusted:
+            plain.reason = f"unsigned: {library.untrusted_reason}"
+            return plain
+
+        # match
+        score: float | None = None
+        if entry_id is not None:
+            record = library.get(entry_id)
+        else:
+            t0 = time.perf_counter()
+            index = self.index
+            vector = self.embedder.encode([question])[0] if index is not None else None
+            t1 = time.perf_counter()
+            hits = index.search(vector, max(self.config.top_k, 2)) if index is not None and vector is not None else []
+            phases["embed"] = _ms(t0, t1)
+            phases["search"] = _ms(t1, time.perf_counter())
+            if not hits or hits[0].score < self.threshold:
+                best = f"best score {hits[0].score:.3f}" if hits else "empty library"
+                return self._no_match(plain, f"{best} < threshold {self.threshold:.3f}")
+            if self.config.margin > 0 and len(hits) > 1 and hits[0].score - hits[1].score < self.config.margin:
+                return self._no_match(
+                    plain, f"{hits[0].entry_id} and {hits[1].entry_id} are within margin {self.config.margin}"
+                )
+            record, score = library.get(hits[0].entry_id), hits[0].score
+
+        text_rag = _Plan("text-rag", list(record.tokens) + suffix, record, score=score)
+        if len(text_rag.tokens) + budget > self.backend.n_ctx:
+            plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
+            plain.score = score
+            return plain
+        if mode == "text-rag":
+            return text_rag
+
+        # the state: checked before its first use in this process, then cached
+        t0 = time.perf_counter()
+        try:
+            state = library.load_state(record, self.fingerprint, self.state_cache, self._validate_payload)
+        except FileNotFoundError:
+            text_rag.reason = f"missing: state file of {record.id} not found"
+            return text_rag
+        except StateError as exc:
+            text_rag.reason = f"{exc.reason}: {exc}"
+            logger.warning("entry %s falls back to text RAG: %s", record.id, exc)
+            return text_rag
+        finally:
+            phases["check"] = _ms(t0, time.perf_counter())
+        return _Plan("graft", suffix, record, state, score)
+
+    def _no_match(self, plain: _Plan, message: str) -> _Plan:
+        if self.config.fallback == "raise":
+            raise NoMatchError(f"no library entry matches: {message}")
+        plain.reason = f"no-match: {message}"
+        return plain
+
+    def _validate_payload(self, state: SavedState) -> None:
+        """Structural check of a state's llama.cpp bytes, made once before it is cached."""
+        from ._exceptions import IncompatibleStateError, IntegrityError
+
+        info = inspect_seq_state(state.payload)
+        if info.n_tokens != len(state.tokens):
+            raise IntegrityError(f"state holds {info.n_tokens} positions for {len(state.tokens)} tokens")
+        llama = self.config.llama
+        if set(info.k_types) != {KV_TYPES[llama.type_k]} or set(info.v_types) != {KV_TYPES[llama.type_v]}:
+            raise IncompatibleStateError(f"state KV types {info.k_types}/{info.v_types} differ from the runtime's")
+
+    def _prefill(self, plan: _Plan, phases: dict[str, float]) -> np.ndarray:
+        """Restore (graft) or clear the cache, then prefill the plan's tokens in n_batch chunks."""
+        backend = self.backend
+        t0 = time.perf_counter()
+        if plan.route == "graft":
+            assert plan.state is not None and plan.record is not None
+            backend.restore_state(plan.state.payload, len(plan.state.tokens))
+        else:
+            backend.reset()
+        t1 = time.perf_counter()
+        if plan.route == "text-rag":
+            assert plan.record is not None
+            # the same ids and the same chunk boundaries as the graft path: prefix, then suffix
+            backend.prefill(list(plan.record.tokens))
+            logits = backend.prefill(plan.tokens[len(plan.record.tokens) :])
+        elif plan.route == "plain":
+            backend.prefill(self._preamble_tokens)
+            logits = backend.prefill(plan.tokens[len(self._preamble_tokens) :])
+        else:
+            logits = backend.prefill(plan.tokens)
+        phases["restore"] = _ms(t0, t1)
+        phases["prefill"] = _ms(t1, time.perf_counter())
+        return logits
+
+    def _decode(
+        self,
+        plan: _Plan,
+        logits: np.ndarray,
+        *,
+        start: float,
+        phases: dict[str, float],
+        prefill_tokens: int,
+        max_tokens: int,
+        temperature: float,
+        stop: tuple[str, ...],
+        seed: int,
+    ) -> Iterator[GraftChunk]:
+        """Decode until a stop string, an end-of-generation token, the budget or the context ends."""
+        backend = self.backend
+        rng = np.random.default_rng(seed)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text, final, emitted, n_decoded, ttft = "", "", 0, 0, 0.0
+        finish = "length"
+        t_first = time.perf_counter()
+        while n_decoded < max_tokens and backend.n_past < backend.n_ctx:
+            token = _sample(logits, temperature, rng)
+            n_decoded += 1
+            if n_decoded == 1:
+                ttft = _ms(start, time.perf_counter())
+                phases["first_token"] = _ms(t_first, time.perf_counter())
+            if backend.is_eog(token):
+                finish = "eog"
+                break
+            text += decoder.decode(backend.token_bytes(token))
+            # leading whitespace is dropped, and a stop string only counts once there is text
+            final = text.lstrip()
+            cut = min((i for s in stop if (i := final.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                final, finish = final[:cut], "stop"
+            safe = len(final) if cut >= 0 else len(final) - _held_back(final, stop)
+            if safe > emitted:
+                yield GraftChunk(final[emitted:safe])
+                emitted = safe
+            if cut >= 0:
+                break
+            if n_decoded < max_tokens:
+                logits = backend.prefill([token])
+        if finish != "stop":
+            final = (text + decoder.decode(b"", final=True)).lstrip()
+            if len(final) > emitted:
+                yield GraftChunk(final[emitted:])
+        end = time.perf_counter()
+        phases["decode"] = _ms(t_first, end)
+        if not ttft:
+            ttft = _ms(start, end)
+        record = plan.record if plan.route != "plain" else None
+        yield GraftChunk(
+            "",
+            GraftResult(
+                text=final,
+                route=plan.route,
+                entry_id=record.id if record else None,
+                score=plan.score if record else None,
+                fallback_reason=plan.reason,
+                prefill_tokens=prefill_tokens,
+                restored_tokens=len(plan.state.tokens) if plan.state is not None else 0,
+                decode_tokens=n_decoded,
+                ttft_ms=ttft,
+                total_ms=_ms(start, end),
+                finish_reason=finish,
+                phases_ms={k: round(v, 3) for k, v in phases.items()},
+            ),
+        )
+
+    def close(self) -> None:
+        """Free the llama.cpp context and model."""
+        with self._lock:
+            self.backend.close()
+
+    def __enter__(self) -> GraftEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+
+def _apply_overrides(config: EngineConfig, overrides: Mapping[str, Any]) -> EngineConfig:
+    llama_names = {f.name for f in fields(LlamaConfig)}
+    engine_names = {f.name for f in fields(EngineConfig)} - {"llama"}
+    unknown = set(overrides) - llama_names - engine_names
+    if unknown:
+        raise ConfigError(f"unknown settings: {sorted(unknown)}")
+    llama_changes = {k: v for k, v in overrides.items() if k in llama_names and v is not None}
+    engine_changes = {k: v for k, v in overrides.items() if k in engine_names and v is not None}
+    if "stop" in engine_changes:
+        stop = engine_changes["stop"]
+        engine_changes["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+    llama = config.llama.replace(**llama_changes) if llama_changes else config.llama
+    return config.replace(llama=llama, **engine_changes)
+
+
+def _check_question(question: Any) -> None:
+    if not isinstance(question, str):
+        raise QueryError(f"the query must be a string, got {type(question).__name__}")
+    if not question.strip():
+        raise QueryError("the query is empty")
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise QueryError("the query is not valid UTF-8") from exc
+
+
+def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    return int(rng.choice(len(p), p=p))
+
+
+def _held_back(text: str, stop: tuple[str, ...]) -> int:
+    """Length of the longest tail of ``text`` that could still grow into a stop string."""
+    held = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:n]):
+                held = n
+                break
+    return held
+
+
+def _ms(t0: float, t1: float) -> float:
+    return (t1 - t0) * 1000.0
+

@@ -1,0 +1,112 @@
+"""The kvgraft exception tree.
+
+    KVGraftError
+    ├── ConfigError (ValueError)          bad settings or bad user input
+    │   └── QueryError                    empty, non-UTF-8 or over-long query
+    ├── SourceError (ValueError)          malformed library source (JSONL)
+    ├── LibraryError                      a library folder that cannot be used
+    │   ├── EntryNotFoundError (KeyError) no entry with that id
+    │   ├── IndexMismatchError            the faiss index does not fit the embedder or manifest
+    │   └── SignatureError                the library is unsigned or badly signed
+    ├── StateError                        a saved KV state that must not be restored
+    │   ├── IntegrityError                bytes or structure do not match what was written
+    │   ├── IncompatibleStateError        built under another fingerprint
+    │   └── InexactStateError             the state failed its bitwise fidelity check
+    ├── NoMatchError                      no library entry matched (``fallback="raise"``)
+    ├── ContextOverflowError              prompt does not fit ``n_ctx``
+    └── BackendError                      llama.cpp refused a call
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "ConfigError",
+    "ContextOverflowError",
+    "EntryNotFoundError",
+    "IncompatibleStateError",
+    "IndexMismatchError",
+    "InexactStateError",
+    "IntegrityError",
+    "KVGraftError",
+    "LibraryError",
+    "NoMatchError",
+    "QueryError",
+    "SignatureError",
+    "SourceError",
+    "StateError",
+]
+
+
+class KVGraftError(Exception):
+    """Root of every error raised by kvgraft."""
+
+
+class ConfigError(KVGraftError, ValueError):
+    """Invalid settings or user input."""
+
+
+class QueryError(ConfigError):
+    """A query that cannot be answered: empty, not UTF-8, or too long for the context."""
+
+
+class SourceError(KVGraftError, ValueError):
+    """A malformed library source file. The message names the line."""
+
+
+class LibraryError(KVGraftError):
+    """A library folder that cannot be used as it is."""
+
+
+class EntryNotFoundError(LibraryError, KeyError):
+    """No entry with the requested id."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class IndexMismatchError(LibraryError):
+    """The persisted index was built by another embedder or for other entries."""
+
+
+class SignatureError(LibraryError):
+    """A key is configured and the library's signature is missing or wrong."""
+
+
+class StateError(KVGraftError):
+    """A saved KV state that must not be handed to llama.cpp.
+
+    ``reason`` is the short fallback code reported in results.
+    """
+
+    reason = "integrity"
+
+
+class IntegrityError(StateError):
+    """The state's bytes, header or structure do not match what was written."""
+
+    reason = "integrity"
+
+
+class IncompatibleStateError(StateError):
+    """The state was built under another compatibility fingerprint."""
+
+    reason = "incompatible"
+
+
+class InexactStateError(StateError):
+    """The state failed its bitwise fidelity check when it was built."""
+
+    reason = "inexact"
+
+
+class NoMatchError(KVGraftError, LookupError):
+    """No library entry matched the query well enough."""
+
+
+class ContextOverflowError(QueryError):
+    """The prompt does not fit in ``n_ctx``."""
+
+
+class BackendError(KVGraftError, RuntimeError):
+    """llama.cpp returned an error."""

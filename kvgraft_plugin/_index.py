@@ -1,0 +1,150 @@
+"""Embedding and nearest-neighbour search: sentence-transformers + faiss.
+
+What gets embedded is the entry's **problem** text only: a query is a problem statement, and the
+solution text would pull a query towards entries that merely use similar steps. Embeddings are
+L2-normalised, so inner product is cosine similarity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ._exceptions import ConfigError, IndexMismatchError, LibraryError
+from ._models import bundled_embedder_path, file_sha256
+from ._state import atomic_write
+
+__all__ = ["Embedder", "Hit", "IndexKind", "VectorIndex"]
+
+logger = logging.getLogger(__name__)
+
+IndexKind = Literal["flat", "hnsw"]
+INDEX_FILE = "index.faiss"
+
+
+class Embedder:
+    """A sentence-transformers model on the CPU, identified by name/path and a hash of its files."""
+
+    def __init__(self, name_or_path: str | Path | None = None) -> None:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ImportError("routing needs sentence-transformers: pip install sentence-transformers") from exc
+        path = Path(name_or_path) if name_or_path is not None else bundled_embedder_path()
+        self.name = str(name_or_path) if name_or_path is not None else "bundled:all-MiniLM-L6-v2"
+        try:
+            self._model = SentenceTransformer(str(path) if path.exists() else str(name_or_path), device="cpu")
+        except OSError as exc:
+            raise ConfigError(f"cannot load sentence-transformers model {self.name!r}: {exc}") from exc
+        self.dim = int(self._model.get_sentence_embedding_dimension() or 0)
+        self.files_sha256 = _dir_sha256(path) if path.is_dir() else ""
+        self._lock = threading.Lock()
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the index records and checks: a different embedder would route to wrong entries."""
+        return {"name": self.name, "files_sha256": self.files_sha256, "dim": self.dim}
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Normalised float32 embeddings, one row per text."""
+        with self._lock:
+            vectors = self._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _dir_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(f"{file.relative_to(path)}\0{file_sha256(file)}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One neighbour: an entry id and its cosine similarity to the query."""
+
+    entry_id: str
+    score: float
+
+
+class VectorIndex:
+    """A faiss inner-product index over entry embeddings, with the entry id of each row."""
+
+    def __init__(self, dim: int, kind: IndexKind = "flat") -> None:
+        import faiss
+
+        if kind == "flat":
+            self._index = faiss.IndexFlatIP(dim)
+        elif kind == "hnsw":
+            self._index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+            self._index.hnsw.efSearch = 64
+        else:
+            raise ConfigError(f"index must be 'flat' or 'hnsw', got {kind!r}")
+        self.kind: IndexKind = kind
+        self.dim = dim
+        self.ids: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, ids: list[str], vectors: np.ndarray) -> None:
+        """Append rows; ids must be new."""
+        if vectors.shape != (len(ids), self.dim):
+            raise ConfigError(f"expected {len(ids)}x{self.dim} vectors, got {vectors.shape}")
+        clash = set(ids) & set(self.ids)
+        if clash:
+            raise ConfigError(f"ids already indexed: {sorted(clash)}")
+        self._index.add(vectors)
+        self.ids.extend(ids)
+
+    def search(self, vector: np.ndarray, k: int) -> list[Hit]:
+        """The ``k`` nearest entries, best first."""
+        if not self.ids:
+            return []
+        scores, rows = self._index.search(vector.reshape(1, -1).astype(np.float32), min(k, len(self.ids)))
+        return [Hit(self.ids[r], float(s)) for s, r in zip(scores[0], rows[0]) if r >= 0]
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """Write ``index.faiss`` atomically; return its manifest record (kind, file, sha256, ids)."""
+        import faiss
+
+        data = faiss.serialize_index(self._index).tobytes()
+        atomic_write(folder / INDEX_FILE, data)
+        return {
+            "kind": self.kind,
+            "file": INDEX_FILE,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "ids": list(self.ids),
+        }
+
+    @classmethod
+    def load(cls, folder: Path, record: dict[str, Any], dim: int) -> VectorIndex:
+        """Read the index and check it against its manifest record; raise `LibraryError` if it differs."""
+        import faiss
+
+        path = folder / record.get("file", INDEX_FILE)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise LibraryError(f"index file {path} is missing") from exc
+        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            raise LibraryError(f"index file {path} does not match its sha256 in the manifest")
+        try:
+            raw = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+        except RuntimeError as exc:
+            raise LibraryError(f"index file {path} is corrupt: {exc}") from exc
+        index = cls(dim, record.get("kind", "flat"))
+        if raw.d != dim or raw.ntotal != len(record.get("ids", [])):
+            raise IndexMismatchError(
+                f"index has {raw.ntotal} rows of dim {raw.d}; the manifest expects "
+                f"{len(record.get('ids', []))} of dim {dim}"
+            )
+        index._index = raw
+        index.ids = list(record["ids"])
+        return index

@@ -1,0 +1,400 @@
+"""The library on disk: a manifest, one state file per entry, a faiss index, an optional signature.
+
+    LIBRARY/
+      manifest.json     entries (text, prefix token ids, state sha256/digest, fidelity), model, fingerprint,
+                        embedder identity, index sha256
+      manifest.sig      HMAC-SHA256 of manifest.json (``kvgraft sign``)
+      states/<id>.kvg   saved KV states (see _state)
+      index.faiss       the embedding index (faiss native format, never pickled)
+
+The manifest keeps every entry's source text and prefix token ids outside the state file, so text RAG
+and rebuilds still work when a state file is damaged or stale. Every write is atomic.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ._exceptions import (
+    ConfigError,
+    EntryNotFoundError,
+    InexactStateError,
+    IntegrityError,
+    LibraryError,
+    SignatureError,
+    SourceError,
+    StateError,
+)
+from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
+from ._template import Entry
+
+__all__ = ["BaseStateCache", "EntryRecord", "Library", "RamStateCache", "load_key", "read_source"]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+MANIFEST_FORMAT = 1
+MIN_KEY_BYTES = 32
+Fidelity = Literal["exact", "inexact"]
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """What the manifest knows about one entry."""
+
+    entry: Entry
+    tokens: tuple[int, ...]
+    """Prefix token ids (preamble + entry), exactly what text RAG prefills."""
+    state_file: str
+    """Path of the state file, relative to the library."""
+    state_sha256: str
+    state_digest: str
+    """BLAKE2b-256 of the state file, checked on every cold load."""
+    state_bytes: int
+    fingerprint_sha256: str
+    """sha256 of the fingerprint the state was built under."""
+    source_sha256: str
+    """sha256 of the entry's source JSON: a change means a rebuild."""
+    fidelity: Fidelity
+    """Result of the bitwise restore check made at build time."""
+    fidelity_max_diff: float = 0.0
+
+    @property
+    def id(self) -> str:
+        """The entry id."""
+        return self.entry.id
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for the manifest."""
+        out = asdict(self)
+        out["entry"] = self.entry.to_json()
+        out["tokens"] = list(self.tokens)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EntryRecord:
+        """Parse a manifest record; raises `LibraryError` when malformed."""
+        try:
+            fields = dict(data)
+            fields["entry"] = parse_entry(fields["entry"])
+            fields["tokens"] = tuple(int(t) for t in fields["tokens"])
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LibraryError(f"malformed manifest record: {exc}") from exc
+
+
+def source_sha256(entry: Entry) -> str:
+    """Hash of an entry's source text: a change triggers a rebuild."""
+    return hashlib.sha256(json.dumps(entry.to_json(), sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def fingerprint_sha256(fingerprint: Mapping[str, Any]) -> str:
+    """Stable hash of a fingerprint dict."""
+    return hashlib.sha256(json.dumps(dict(fingerprint), sort_keys=True).encode("utf-8")).hexdigest()
+
+
+# -- source files -------------------------------------------------------------------------------------
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def parse_entry(obj: Any) -> Entry:
+    """Validate one source object ``{"id", "problem", "solution", "answer"?, "tags"?}``."""
+    if not isinstance(obj, dict):
+        raise ValueError("expected a JSON object")
+    unknown = set(obj) - {"id", "problem", "solution", "answer", "tags"}
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)}")
+    entry_id = obj.get("id")
+    if not isinstance(entry_id, str) or not _ID_RE.match(entry_id):
+        raise ValueError(f"'id' must match {_ID_RE.pattern}, got {entry_id!r}")
+    for name in ("problem", "solution"):
+        value = obj.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"'{name}' must be a non-empty string")
+    answer = obj.get("answer")
+    if answer is not None and (not isinstance(answer, str) or not answer.strip()):
+        raise ValueError("'answer' must be a non-empty string when given")
+    tags = obj.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ValueError("'tags' must be a list of strings")
+    return Entry(entry_id, obj["problem"], obj["solution"], answer, tuple(tags))
+
+
+def read_source(path: str | Path) -> list[Entry]:
+    """Read a JSONL library source. Errors name the line; duplicate ids are refused."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SourceError(f"cannot read source {path}: {exc}") from exc
+    entries: list[Entry] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = parse_entry(json.loads(line.decode("utf-8")))
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{path}:{lineno}: not valid UTF-8") from exc
+        except ValueError as exc:
+            raise SourceError(f"{path}:{lineno}: {exc}") from exc
+        if entry.id in seen:
+            raise SourceError(f"{path}:{lineno}: duplicate id {entry.id!r} (first on line {seen[entry.id]})")
+        seen[entry.id] = lineno
+        entries.append(entry)
+    if not entries:
+        raise SourceError(f"{path}: no entries")
+    return entries
+
+
+# -- the in-process state cache -------------------------------------------------------------------------
+
+
+class BaseStateCache(ABC):
+    """Verified state bytes kept in memory under a byte budget (after llama-cpp-python's cache)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+
+    @property
+    @abstractmethod
+    def cache_size(self) -> int:
+        """Bytes held now."""
+
+    @abstractmethod
+    def get(self, key: str) -> SavedState | None:
+        """The cached state for ``key``, or ``None``."""
+
+    @abstractmethod
+    def put(self, key: str, state: SavedState) -> None:
+        """Store ``state``, evicting least recently used entries to stay within budget."""
+
+    @abstractmethod
+    def discard(self, key: str) -> None:
+        """Forget ``key``."""
+
+
+class RamStateCache(BaseStateCache):
+    """LRU of verified states in RAM. Thread-safe."""
+
+    def __init__(self, capacity_bytes: int = 1 << 30) -> None:
+        super().__init__(capacity_bytes)
+        self._items: OrderedDict[str, SavedState] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    @property
+    def cache_size(self) -> int:
+        """Bytes held now."""
+        return self._size
+
+    def get(self, key: str) -> SavedState | None:
+        """The cached state for ``key`` (marked most recently used), or ``None``."""
+        with self._lock:
+            state = self._items.get(key)
+            if state is not None:
+                self._items.move_to_end(key)
+            return state
+
+    def put(self, key: str, state: SavedState) -> None:
+        """Store ``state``; a state larger than the whole budget is not kept."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._size -= old.nbytes
+            if state.nbytes > self.capacity_bytes:
+                return
+            self._items[key] = state
+            self._size += state.nbytes
+            while self._size > self.capacity_bytes:
+                _, evicted = self._items.popitem(last=False)
+                self._size -= evicted.nbytes
+
+    def discard(self, key: str) -> None:
+        """Forget ``key``."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._size -= old.nbytes
+
+
+# -- signing ----------------------------------------------------------------------------------------
+
+
+def load_key(key_file: str | Path) -> bytes:
+    """Read a raw HMAC key of at least 32 bytes."""
+    try:
+        key = Path(key_file).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read key file {key_file}: {exc}") from exc
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(f"key file {key_file} holds {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
+    return key
+
+
+def _hmac(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+# -- the library ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Library:
+    """A library folder. Load with `Library.open`, create with `Library.create`."""
+
+    path: Path
+    model: dict[str, Any] = field(default_factory=dict)
+    """The model it was built with: ``{"path", "sha256"}``."""
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    embedder: dict[str, Any] = field(default_factory=dict)
+    index: dict[str, Any] = field(default_factory=dict)
+    threshold: float | None = None
+    entries: dict[str, EntryRecord] = field(default_factory=dict)
+    trusted: bool = True
+    """False when a key is configured and the signature is missing or wrong: nothing from it is used."""
+    untrusted_reason: str = ""
+
+    @classmethod
+    def create(cls, path: str | Path) -> Library:
+        """An empty library at ``path`` (nothing is written until `save`)."""
+        return cls(Path(path))
+
+    @classmethod
+    def open(cls, path: str | Path, *, key: bytes | None = None) -> Library:
+        """Load ``path/manifest.json``. With ``key``, check ``manifest.sig`` first.
+
+        A bad signature does not raise: the library is returned with ``trusted=False`` so that the
+        engine can still decode plainly and report ``unsigned``.
+        """
+        path = Path(path)
+        manifest_path = path / MANIFEST
+        try:
+            raw = manifest_path.read_bytes()
+        except FileNotFoundError as exc:
+            raise LibraryError(f"{path} is not a kvgraft library (no {MANIFEST}); run `kvgraft build`") from exc
+        trusted, reason = True, ""
+        if key is not None:
+            sig_path = path / SIGNATURE
+            if not sig_path.is_file():
+                trusted, reason = False, "the library is not signed"
+            elif not hmac.compare_digest(sig_path.read_text().strip(), _hmac(key, raw)):
+                trusted, reason = False, "the signature does not match the manifest"
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            if data.get("format") != MANIFEST_FORMAT:
+                raise LibraryError(f"manifest format {data.get('format')!r}, expected {MANIFEST_FORMAT}")
+            entries = {k: EntryRecord.from_json(v) for k, v in data["entries"].items()}
+            library = cls(
+                path,
+                model=dict(data.get("model", {})),
+                fingerprint=dict(data.get("fingerprint", {})),
+                embedder=dict(data.get("embedder", {})),
+                index=dict(data.get("index", {})),
+                threshold=data.get("threshold"),
+                entries=entries,
+                trusted=trusted,
+                untrusted_reason=reason,
+            )
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            if not trusted:  # a tampered manifest under a key: refuse as unsigned, not as a crash
+                return cls(path, trusted=False, untrusted_reason=reason)
+            raise LibraryError(f"{manifest_path} is corrupt: {exc}") from exc
+        if not trusted:
+            logger.warning("library %s refused: %s", path, reason)
+        return library
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as JSON."""
+        return {
+            "format": MANIFEST_FORMAT,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "embedder": self.embedder,
+            "index": self.index,
+            "threshold": self.threshold,
+            "entries": {k: self.entries[k].to_json() for k in sorted(self.entries)},
+        }
+
+    def save(self) -> None:
+        """Write the manifest atomically. An existing signature no longer matches and is removed."""
+        atomic_write(self.path / MANIFEST, json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+        (self.path / SIGNATURE).unlink(missing_ok=True)
+
+    def sign(self, key: bytes) -> Path:
+        """Write ``manifest.sig``: HMAC-SHA256 of the manifest bytes (entries, hashes, index)."""
+        sig_path = self.path / SIGNATURE
+        atomic_write(sig_path, _hmac(key, (self.path / MANIFEST).read_bytes()) + "\n")
+        return sig_path
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive build lock; a second concurrent build is refused."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with (self.path / ".lock").open("w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise LibraryError(f"another build holds the lock on {self.path}") from exc
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def get(self, entry_id: str) -> EntryRecord:
+        """The record of ``entry_id``; raises `EntryNotFoundError`."""
+        try:
+            return self.entries[entry_id]
+        except KeyError:
+            raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}") from None
+
+    def load_state(
+        self,
+        record: EntryRecord,
+        runtime_fingerprint: Mapping[str, Any],
+        cache: BaseStateCache | None = None,
+        validate: Callable[[SavedState], None] | None = None,
+    ) -> SavedState:
+        """Return ``record``'s state, checked before its first use in this process.
+
+        Order of checks: fidelity flag, fingerprint (from the manifest, before any read), file
+        digest against the manifest, header fields against the manifest, then ``validate`` (the
+        backend's structural check of the payload). Any failure raises a
+        `StateError` whose ``reason`` is the fallback code; nothing unchecked reaches llama.cpp.
+        """
+        if record.fidelity != "exact":
+            raise InexactStateError(
+                f"entry {record.id!r} failed its bitwise restore check at build (max diff {record.fidelity_max_diff})"
+            )
+        if record.fingerprint_sha256 != fingerprint_sha256(runtime_fingerprint):
+            check_fingerprint(self.fingerprint, runtime_fingerprint)
+            raise StateError("entry fingerprint differs from the library's")  # pragma: no cover
+        key = f"{self.path.resolve()}::{record.id}::{record.state_digest}"
+        if cache is not None and (hit := cache.get(key)) is not None:
+            return hit
+        path = self.path / record.state_file
+        buf = read_file(path)  # FileNotFoundError -> "missing"
+        state = decode_state(buf, expected_digest=record.state_digest)
+        check_fingerprint(state.fingerprint, runtime_fingerprint)
+        if state.entry_id != record.id or state.tokens != record.tokens:
+            raise IntegrityError(f"state file {record.state_file} does not belong to entry {record.id!r}")
+        if validate is not None:
+            validate(state)
+        if cache is not None:
+            cache.put(key, state)
+        return state

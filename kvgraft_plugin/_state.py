@@ -1,0 +1,169 @@
+"""The saved-state file: one entry's KV cache with everything needed to trust it.
+
+Layout (little-endian)::
+
+    b"KVGRAFT\\0"   8 bytes   magic
+    u32            4 bytes   format version
+    u32            4 bytes   header length H
+    header         H bytes   UTF-8 JSON: entry id, prefix token ids, fingerprint, payload size
+    payload        N bytes   llama.cpp KV state in sequence framing (every cell, see adapters.llama_cpp)
+    digest         32 bytes  BLAKE2b-256 of every byte before it, header included
+
+The manifest records the same digest and the file's sha256, so a file cannot be swapped for another
+valid one without changing the manifest, which a signature covers. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import IncompatibleStateError, IntegrityError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SavedState",
+    "atomic_write",
+    "check_fingerprint",
+    "decode_state",
+    "encode_state",
+    "read_file",
+]
+
+MAGIC = b"KVGRAFT\0"
+FORMAT_VERSION = 1
+DIGEST_SIZE = 32
+_PREAMBLE = struct.Struct("<8sII")
+_MAX_HEADER = 64 << 20
+_HEADER_KEYS = {"entry_id", "tokens", "fingerprint", "payload_bytes"}
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A decoded, integrity-checked state. ``payload`` is a writable view into the file buffer."""
+
+    entry_id: str
+    tokens: tuple[int, ...]
+    fingerprint: Mapping[str, Any]
+    payload: memoryview = field(repr=False)
+    digest: str
+    """BLAKE2b-256 of the file, hex."""
+    nbytes: int
+    """Size of the whole file buffer held in memory."""
+
+
+def encode_state(
+    entry_id: str, tokens: list[int] | tuple[int, ...], fingerprint: Mapping[str, Any], payload: bytes | bytearray
+) -> bytearray:
+    """Serialise a state file in memory."""
+    header = json.dumps(
+        {
+            "entry_id": entry_id,
+            "tokens": list(tokens),
+            "fingerprint": dict(fingerprint),
+            "payload_bytes": len(payload),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode("utf-8")
+    out = bytearray(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header)))
+    out += header
+    out += payload
+    out += hashlib.blake2b(out, digest_size=DIGEST_SIZE).digest()
+    return out
+
+
+def decode_state(buf: bytearray, *, expected_digest: str | None = None) -> SavedState:
+    """Check and parse a state file held in ``buf`` (no copy of the payload).
+
+    Raises `IntegrityError` on any mismatch: magic, version, lengths, JSON, digest, or a digest other
+    than ``expected_digest`` (the manifest's).
+    """
+    view = memoryview(buf)
+    if len(view) < _PREAMBLE.size + DIGEST_SIZE:
+        raise IntegrityError(f"state file too short ({len(view)} bytes)")
+    magic, version, header_len = _PREAMBLE.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise IntegrityError("not a kvgraft state file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise IntegrityError(f"state format version {version}, this kvgraft reads {FORMAT_VERSION}")
+    if header_len > _MAX_HEADER or _PREAMBLE.size + header_len + DIGEST_SIZE > len(view):
+        raise IntegrityError(f"state header length {header_len} does not fit the file")
+    body_end = len(view) - DIGEST_SIZE
+    digest = hashlib.blake2b(view[:body_end], digest_size=DIGEST_SIZE).digest()
+    if digest != view[body_end:]:
+        raise IntegrityError("state checksum mismatch: the file is damaged")
+    digest_hex = digest.hex()
+    if expected_digest is not None and digest_hex != expected_digest:
+        raise IntegrityError("state digest differs from the manifest: the file was replaced")
+    header_end = _PREAMBLE.size + header_len
+    try:
+        header = json.loads(bytes(view[_PREAMBLE.size : header_end]).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise IntegrityError("state header is not valid JSON") from exc
+    if not isinstance(header, dict) or set(header) != _HEADER_KEYS:
+        raise IntegrityError("state header has unexpected fields")
+    tokens = header["tokens"]
+    if (
+        not isinstance(header["entry_id"], str)
+        or not isinstance(tokens, list)
+        or not tokens
+        or not all(type(t) is int and 0 <= t < 1 << 31 for t in tokens)
+        or not isinstance(header["fingerprint"], dict)
+        or header["payload_bytes"] != body_end - header_end
+    ):
+        raise IntegrityError("state header fields are malformed or inconsistent")
+    return SavedState(
+        entry_id=header["entry_id"],
+        tokens=tuple(tokens),
+        fingerprint=header["fingerprint"],
+        payload=view[header_end:body_end],
+        digest=digest_hex,
+        nbytes=len(view),
+    )
+
+
+def check_fingerprint(saved: Mapping[str, Any], runtime: Mapping[str, Any]) -> None:
+    """Raise `IncompatibleStateError` naming every key where ``saved`` differs from ``runtime``."""
+    keys = sorted(set(saved) | set(runtime))
+    diffs = [f"{k}: {saved.get(k)!r} != {runtime.get(k)!r}" for k in keys if saved.get(k) != runtime.get(k)]
+    if diffs:
+        raise IncompatibleStateError("state built under another configuration (" + "; ".join(diffs) + ")")
+
+
+def read_file(path: Path) -> bytearray:
+    """Read a whole file with one ``readinto`` into a writable buffer."""
+    with path.open("rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                raise IntegrityError(f"{path.name} shrank while being read")
+            got += n
+    return buf
+
+
+def atomic_write(path: Path, data: bytes | bytearray | str) -> None:
+    """Write ``data`` to a temp file in the same folder, fsync it, then rename it over ``path``."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,42 @@
+import pytest
+
+from kvgraft_plugin import Entry
+from kvgraft_plugin._checks import answers_match, default_check, entry_problems, extract_answer, load_checker
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(" 391\n\nProblem: x", "391"), ("The result.\nAnswer: 42", "42"), ("", ""), ("  tfargvk", "tfargvk")],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("got", "expected", "ok"),
+    [("391", "391", True), ("391.0", "391", True), ("1,048,576", "1048576", True), ("$60.", "60", True),
+     ("Paris", "paris", True), ("392", "391", False), ("-4", "4", False)],
+)
+def test_answers_match(got, expected, ok):
+    assert answers_match(got, expected) is ok
+
+
+def test_default_check_uses_the_answer_field():
+    assert default_check({"answer": "45"}, " 45\n")
+    assert not default_check({"answer": "45"}, " 54")
+
+
+def test_entry_verification():
+    good = Entry("a", "What is 2+2?", "2 + 2 = 4.", "4")
+    bad = Entry("b", "What is 2+2?", "2 + 2 = 5.", "4")
+    partial = Entry("c", "x", "the total is 40.", "4")
+    assert entry_problems(good) == []
+    assert entry_problems(bad) and entry_problems(partial)
+    assert entry_problems(Entry("d", "x", "no answer field")) == []
+
+
+def test_load_checker():
+    assert load_checker(None) is default_check
+    assert load_checker("kvgraft_plugin._checks:default_check") is default_check
+    with pytest.raises(ValueError):
+        load_checker("nonsense")

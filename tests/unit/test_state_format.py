@@ -1,0 +1,127 @@
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvgraft_plugin import IncompatibleStateError, IntegrityError
+from kvgraft_plugin._state import atomic_write, check_fingerprint, decode_state, encode_state, read_file
+from kvgraft_plugin.adapters.llama_cpp import SEQ_STATE_MAGIC, inspect_seq_state
+
+FP = {"gguf_sha256": "ab" * 32, "type_k": "f16", "flash_attn": False}
+
+
+def make_payload(n_tokens=5, n_layer=2, row=8, sections=1, seq=0, v_trans=0):
+    """A structurally valid sequence-framed KV state, as llama_kv_cache::state_write lays it out."""
+    out = struct.pack("<Ii", SEQ_STATE_MAGIC, 0)
+    for _ in range(sections):
+        out += struct.pack("<II", 1, n_tokens)
+        for pos in range(n_tokens):
+            out += struct.pack("<iIi", pos, 1, seq)
+        out += struct.pack("<II", v_trans, n_layer)
+        for _ in range(n_layer):
+            out += struct.pack("<iQ", 1, row) + bytes(row * n_tokens)
+        for _ in range(n_layer):
+            if v_trans:
+                out += struct.pack("<iII", 1, 2, row // 2) + bytes(row * n_tokens)
+            else:
+                out += struct.pack("<iQ", 1, row) + bytes(row * n_tokens)
+    return bytearray(out)
+
+
+def test_roundtrip_keeps_everything():
+    payload = make_payload()
+    data = encode_state("e1", [1, 2, 3], FP, payload)
+    state = decode_state(bytearray(data))
+    assert state.entry_id == "e1" and state.tokens == (1, 2, 3) and dict(state.fingerprint) == FP
+    assert bytes(state.payload) == bytes(payload)
+    assert state.nbytes == len(data)
+
+
+def test_every_single_bit_flip_is_caught():
+    data = encode_state("e1", [1, 2, 3], FP, make_payload(n_tokens=2, n_layer=1, row=4))
+    caught = 0
+    for i in range(len(data)):
+        for bit in (0, 7):
+            flipped = bytearray(data)
+            flipped[i] ^= 1 << bit
+            with pytest.raises(IntegrityError):
+                decode_state(flipped)
+            caught += 1
+    assert caught == 2 * len(data)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 15, 16, 40, -33, -1])
+def test_truncation_is_caught(cut):
+    data = encode_state("e1", [1, 2, 3], FP, make_payload())
+    with pytest.raises(IntegrityError):
+        decode_state(bytearray(data[:cut]))
+
+
+def test_manifest_digest_must_match():
+    data = encode_state("e1", [1], FP, make_payload())
+    other = encode_state("e1", [1], FP, make_payload(row=16))
+    with pytest.raises(IntegrityError, match="replaced"):
+        decode_state(bytearray(other), expected_digest=bytes(data[-32:]).hex())
+
+
+def test_fingerprint_mismatch_names_the_keys():
+    with pytest.raises(IncompatibleStateError, match="type_k"):
+        check_fingerprint(FP, {**FP, "type_k": "q8_0"})
+    check_fingerprint(FP, dict(FP))
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=300, deadline=None)
+def test_decode_never_crashes_on_garbage(blob):
+    with pytest.raises(IntegrityError):
+        decode_state(bytearray(blob))
+
+
+@given(st.binary(min_size=1, max_size=64), st.integers(min_value=0))
+@settings(max_examples=200, deadline=None)
+def test_header_fuzz_with_a_valid_checksum(header, where):
+    """A well-checksummed file whose header is arbitrary bytes is still refused cleanly."""
+    import hashlib
+
+    body = bytearray(struct.pack("<8sII", b"KVGRAFT\0", 1, len(header))) + header + make_payload()
+    data = body + hashlib.blake2b(body, digest_size=32).digest()
+    with pytest.raises(IntegrityError):
+        decode_state(data)
+
+
+def test_inspect_accepts_valid_layouts():
+    info = inspect_seq_state(make_payload(n_tokens=7, sections=2))
+    assert info.n_tokens == 7 and info.n_cells == (7, 7) and info.k_types == (1, 1)
+    assert inspect_seq_state(make_payload(v_trans=1)).v_types == (1,)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        make_payload(seq=1),
+        make_payload()[:-1],
+        make_payload() + b"\0",
+        bytearray(struct.pack("<Ii", 0x12345678, 0)) + make_payload()[8:],
+        bytearray(struct.pack("<Ii", SEQ_STATE_MAGIC, 0)),
+        make_payload(row=0),
+    ],
+    ids=["foreign-seq", "truncated", "trailing", "bad-magic", "no-sections", "zero-row"],
+)
+def test_inspect_refuses_malformed(payload):
+    with pytest.raises(IntegrityError):
+        inspect_seq_state(payload)
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_inspect_never_crashes(blob):
+    with pytest.raises(IntegrityError):
+        inspect_seq_state(struct.pack("<Ii", SEQ_STATE_MAGIC, 0) + blob)
+
+
+def test_atomic_write_and_read(tmp_path):
+    target = tmp_path / "sub" / "f.bin"
+    atomic_write(target, b"abc")
+    assert read_file(target) == bytearray(b"abc")
+    assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
