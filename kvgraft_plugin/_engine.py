@@ -90,6 +90,8 @@ class _Plan:
     route: str
     tokens: list[int]
     """Tokens to prefill from an empty cache (text-rag / plain) or after the restore (graft)."""
+    n_suffix: int
+    """How many of ``tokens`` are the query suffix (prefilled as their own chunks)."""
     record: EntryRecord | None = None
     state: SavedState | None = None
     score: float | None = None
@@ -131,6 +133,9 @@ class GraftEngine:
         self._index: VectorIndex | None = None
         self._lock = threading.RLock()
         self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
+        if self.library is not None and self.library.trusted and self.library.entries:
+            self.embedder.encode(["warm-up"])  # load torch and the index now, not in the first TTFT
+            _ = self.index
 
     # -- setup ----------------------------------------------------------------------------------------
 
@@ -269,7 +274,7 @@ class GraftEngine:
         self, question: str, suffix: list[int], mode: str, entry_id: str | None, budget: int, phases: dict[str, float]
     ) -> _Plan:
         """Decide the route: match an entry, check it fits and its state is usable, or fall back."""
-        plain = _Plan("plain", self._preamble_tokens + suffix)
+        plain = _Plan("plain", self._preamble_tokens + suffix, len(suffix))
         if len(plain.tokens) >= self.backend.n_ctx:
             raise ContextOverflowError(
                 f"the query needs {len(plain.tokens)} tokens; n_ctx is {self.backend.n_ctx}"
@@ -306,7 +311,7 @@ class GraftEngine:
                 )
             record, score = library.get(hits[0].entry_id), hits[0].score
 
-        text_rag = _Plan("text-rag", list(record.tokens) + suffix, record, score=score)
+        text_rag = _Plan("text-rag", self._record_tokens(record) + suffix, len(suffix), record, score=score)
         if len(text_rag.tokens) + budget > self.backend.n_ctx:
             plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
             plain.score = score
@@ -327,7 +332,14 @@ class GraftEngine:
             return text_rag
         finally:
             phases["check"] = _ms(t0, time.perf_counter())
-        return _Plan("graft", suffix, record, state, score)
+        return _Plan("graft", suffix, len(suffix), record, state, score)
+
+    def _record_tokens(self, record: EntryRecord) -> list[int]:
+        """The entry's prefix ids: from the manifest when they were made by this model and template."""
+        fingerprint = self.library.fingerprint if self.library is not None else {}
+        if fingerprint.get("gguf_sha256") == self.model_sha256 and fingerprint.get("template") == TEMPLATE_VERSION:
+            return list(record.tokens)
+        return self.prefix_tokens(record)
 
     def _no_match(self, plain: _Plan, message: str) -> _Plan:
         if self.config.fallback == "raise":
@@ -347,25 +359,22 @@ class GraftEngine:
             raise IncompatibleStateError(f"state KV types {info.k_types}/{info.v_types} differ from the runtime's")
 
     def _prefill(self, plan: _Plan, phases: dict[str, float]) -> np.ndarray:
-        """Restore (graft) or clear the cache, then prefill the plan's tokens in n_batch chunks."""
+        """Restore the state (graft) or clear the cache, then prefill.
+
+        Text RAG and plain prefill the prefix, then the suffix: the same ids in the same
+        ``n_batch`` chunks as graft's restore + suffix, which is what makes their logits equal.
+        """
         backend = self.backend
         t0 = time.perf_counter()
-        if plan.route == "graft":
-            assert plan.state is not None and plan.record is not None
+        if plan.state is not None:
             backend.restore_state(plan.state.payload, len(plan.state.tokens))
         else:
             backend.reset()
         t1 = time.perf_counter()
-        if plan.route == "text-rag":
-            assert plan.record is not None
-            # the same ids and the same chunk boundaries as the graft path: prefix, then suffix
-            backend.prefill(list(plan.record.tokens))
-            logits = backend.prefill(plan.tokens[len(plan.record.tokens) :])
-        elif plan.route == "plain":
-            backend.prefill(self._preamble_tokens)
-            logits = backend.prefill(plan.tokens[len(self._preamble_tokens) :])
-        else:
-            logits = backend.prefill(plan.tokens)
+        n_prefix = len(plan.tokens) - plan.n_suffix
+        if n_prefix:
+            backend.prefill(plan.tokens[:n_prefix])
+        logits = backend.prefill(plan.tokens[n_prefix:])
         phases["restore"] = _ms(t0, t1)
         phases["prefill"] = _ms(t1, time.perf_counter())
         return logits

@@ -42,7 +42,8 @@ class Embedder:
             self._model = SentenceTransformer(str(path) if path.exists() else str(name_or_path), device="cpu")
         except OSError as exc:
             raise ConfigError(f"cannot load sentence-transformers model {self.name!r}: {exc}") from exc
-        self.dim = int(self._model.get_sentence_embedding_dimension() or 0)
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(get_dim() or 0)
         self.files_sha256 = _dir_sha256(path) if path.is_dir() else ""
         self._lock = threading.Lock()
 
