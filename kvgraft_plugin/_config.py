@@ -91,6 +91,8 @@ class EngineConfig:
     """Minimum cosine similarity for an entry to be used. ``None``: the library's calibrated value."""
     margin: float = 0.0
     """Minimum gap between the best and second-best score (0 disables the check)."""
+    match_numbers: bool = True
+    """Refuse a match when the query has numbers the entry's problem lacks (embeddings barely see digits)."""
     top_k: int = 4
     """How many neighbours the index returns."""
     max_tokens: int = 64

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 ROUTES = ("graft", "text-rag", "plain")
 FALLBACK_CODES = ("no-match", "integrity", "incompatible", "inexact", "too-long", "unsigned", "missing")
-DEFAULT_THRESHOLD = 0.75
+DEFAULT_THRESHOLD = 0.55
 
 
 @dataclass
@@ -310,6 +311,12 @@ class GraftEngine:
                     plain, f"{hits[0].entry_id} and {hits[1].entry_id} are within margin {self.config.margin}"
                 )
             record, score = library.get(hits[0].entry_id), hits[0].score
+            if self.config.match_numbers:
+                extra = _numbers(question) - _numbers(record.entry.problem)
+                if extra:
+                    return self._no_match(
+                        plain, f"{record.id} (score {score:.3f}) lacks the query's numbers {sorted(extra)}"
+                    )
 
         text_rag = _Plan("text-rag", self._record_tokens(record) + suffix, len(suffix), record, score=score)
         if len(text_rag.tokens) + budget > self.backend.n_ctx:
@@ -477,6 +484,14 @@ def _apply_overrides(config: EngineConfig, overrides: Mapping[str, Any]) -> Engi
         engine_changes["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
     llama = config.llama.replace(**llama_changes) if llama_changes else config.llama
     return config.replace(llama=llama, **engine_changes)
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _numbers(text: str) -> set[str]:
+    """The numbers written in ``text``: an entry about 17 x 23 must not answer 17 x 24."""
+    return set(_NUMBER.findall(text.replace(",", "")))
 
 
 def _check_question(question: Any) -> None:
