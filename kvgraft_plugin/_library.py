@@ -31,12 +31,12 @@ from typing import Any, Literal
 from ._exceptions import (
     ConfigError,
     EntryNotFoundError,
+    IncompatibleStateError,
     InexactStateError,
     IntegrityError,
     LibraryError,
     SignatureError,
     SourceError,
-    StateError,
 )
 from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
 from ._template import Entry
@@ -382,8 +382,8 @@ class Library:
                 f"entry {record.id!r} failed its bitwise restore check at build (max diff {record.fidelity_max_diff})"
             )
         if record.fingerprint_sha256 != fingerprint_sha256(runtime_fingerprint):
-            check_fingerprint(self.fingerprint, runtime_fingerprint)
-            raise StateError("entry fingerprint differs from the library's")  # pragma: no cover
+            check_fingerprint(self.fingerprint, runtime_fingerprint)  # names the differing settings
+            raise IncompatibleStateError(f"entry {record.id!r} was built under another configuration")
         key = f"{self.path.resolve()}::{record.id}::{record.state_digest}"
         if cache is not None and (hit := cache.get(key)) is not None:
             return hit
