@@ -27,17 +27,23 @@ demo: setup
 	.venv/bin/kvgraft demo
 
 test: setup lint
-	$(PY) -m pytest tests -q
+	.venv/bin/pytest tests -q -p no:cacheprovider --durations=10
 
 bench: setup
 	$(PY) -m kvgraft_plugin.bench_exact
 	.venv/bin/kvgraft demo --max-tokens 48 >/dev/null
 	.venv/bin/kvgraft bench --library $$HOME/.cache/kvgraft/demo-library --queries examples/queries.jsonl --out bench-out
 
+# mypy cannot follow setuptools' package-dir mapping (adapters/ -> kvgraft_plugin.adapters), so it
+# checks a throwaway tree of symlinks laid out the way the wheel installs the package.
+MYPY_TREE := build/mypy-tree
 lint: setup
 	.venv/bin/ruff check kvgraft_plugin adapters tests examples
 	.venv/bin/ruff format --check kvgraft_plugin adapters tests examples
-	.venv/bin/mypy kvgraft_plugin
+	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/kvgraft_plugin
+	ln -s $(CURDIR)/kvgraft_plugin/*.py $(MYPY_TREE)/kvgraft_plugin/
+	ln -s $(CURDIR)/adapters $(MYPY_TREE)/kvgraft_plugin/adapters
+	cd $(MYPY_TREE) && $(CURDIR)/.venv/bin/mypy --config-file $(CURDIR)/pyproject.toml kvgraft_plugin
 
 clean:
 	rm -rf .venv build *.egg-info bench-out

@@ -270,9 +270,7 @@ class LlamaBackend:
         if not tokens:
             raise ConfigError("prefill needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.n_past} + {len(tokens)} tokens do not fit in n_ctx={self.n_ctx}"
-            )
+            raise ContextOverflowError(f"{self.n_past} + {len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
         batch = self._batch
         step = self.config.n_batch
         for start in range(0, len(tokens), step):

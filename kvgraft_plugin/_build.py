@@ -133,8 +133,11 @@ def build_library(
                 report.built.append(entry.id)
                 if record.fidelity != "exact":
                     report.inexact.append(entry.id)
-                    logger.warning("entry %s is not bitwise exact (max diff %g): it will not be grafted",
-                                   entry.id, record.fidelity_max_diff)
+                    logger.warning(
+                        "entry %s is not bitwise exact (max diff %g): it will not be grafted",
+                        entry.id,
+                        record.fidelity_max_diff,
+                    )
             if progress is not None:
                 progress(1)
 
@@ -194,8 +197,7 @@ def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None,
             logger.warning("rebuilding the index: %s", exc)
     indexed_problems: dict[str, str] = {} if index is None else dict(library.index.get("problems", {}))
     if index is not None and any(
-        library.entries.get(i) is None or library.entries[i].entry.problem != indexed_problems.get(i)
-        for i in index.ids
+        library.entries.get(i) is None or library.entries[i].entry.problem != indexed_problems.get(i) for i in index.ids
     ):
         index = None  # an entry left or its problem text changed: rows cannot be edited in place
     if index is None:

@@ -40,19 +40,23 @@ def run_demo(
     for row, r in zip(rows, results["auto"]):
         score = f"{r.score:.2f}" if r.score is not None else "-"
         mark = "✓" if row.get("answer") and default_check(row, r.text) else " "
-        echo(f"{row['question'][:44]:<44} {r.route:<8} {(r.entry_id or '-')[:22]:<22} {score:>5}  "
-             f"{mark}{r.text[:13]:<13} {r.decode_tokens:>3} {r.ttft_ms:>7.0f}")
+        echo(
+            f"{row['question'][:44]:<44} {r.route:<8} {(r.entry_id or '-')[:22]:<22} {score:>5}  "
+            f"{mark}{r.text[:13]:<13} {r.decode_tokens:>3} {r.ttft_ms:>7.0f}"
+        )
 
-    echo(f"\n{'mode':<9} {'correct':>8} {'prefill tok':>11} {'restored tok':>12} {'decode tok':>10} {'median ttft ms':>14}")
+    echo(
+        f"\n{'mode':<9} {'correct':>8} {'prefill tok':>11} {'restored tok':>12} {'decode tok':>10} {'median ttft ms':>14}"
+    )
     for mode in MODES:
         rs = results[mode]
         correct = sum(1 for row, r in zip(rows, rs) if row.get("answer") and default_check(row, r.text))
-        echo(f"{mode:<9} {correct:>4}/{len(rs):<3} {sum(r.prefill_tokens for r in rs):>11} "
-             f"{sum(r.restored_tokens for r in rs):>12} {sum(r.decode_tokens for r in rs):>10} "
-             f"{statistics.median(r.ttft_ms for r in rs):>14.0f}")
-    same = sum(
-        1 for a, t in zip(results["auto"], results["text-rag"]) if a.route == "graft" and a.text == t.text
-    )
+        echo(
+            f"{mode:<9} {correct:>4}/{len(rs):<3} {sum(r.prefill_tokens for r in rs):>11} "
+            f"{sum(r.restored_tokens for r in rs):>12} {sum(r.decode_tokens for r in rs):>10} "
+            f"{statistics.median(r.ttft_ms for r in rs):>14.0f}"
+        )
+    same = sum(1 for a, t in zip(results["auto"], results["text-rag"]) if a.route == "graft" and a.text == t.text)
     grafted = sum(1 for a in results["auto"] if a.route == "graft")
     echo(f"\ngrafted {grafted}/{len(rows)} queries; graft text == text-rag text on {same}/{grafted}")
     return results

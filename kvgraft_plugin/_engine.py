@@ -185,7 +185,9 @@ class GraftEngine:
         if self._index is None and self.library is not None and self.library.entries:
             stored = self.library.embedder
             current = self.embedder.identity
-            if stored and (stored.get("dim") != current["dim"] or stored.get("files_sha256") != current["files_sha256"]):
+            if stored and (
+                stored.get("dim") != current["dim"] or stored.get("files_sha256") != current["files_sha256"]
+            ):
                 from ._exceptions import IndexMismatchError
 
                 raise IndexMismatchError(
@@ -277,9 +279,7 @@ class GraftEngine:
         """Decide the route: match an entry, check it fits and its state is usable, or fall back."""
         plain = _Plan("plain", self._preamble_tokens + suffix, len(suffix))
         if len(plain.tokens) >= self.backend.n_ctx:
-            raise ContextOverflowError(
-                f"the query needs {len(plain.tokens)} tokens; n_ctx is {self.backend.n_ctx}"
-            )
+            raise ContextOverflowError(f"the query needs {len(plain.tokens)} tokens; n_ctx is {self.backend.n_ctx}")
         if mode == "plain":
             return plain
         library = self.library
@@ -527,4 +527,3 @@ def _held_back(text: str, stop: tuple[str, ...]) -> int:
 
 def _ms(t0: float, t1: float) -> float:
     return (t1 - t0) * 1000.0
-

@@ -1,20 +1,20 @@
 """The kvgraft exception tree.
 
-    KVGraftError
-    ├── ConfigError (ValueError)          bad settings or bad user input
-    │   └── QueryError                    empty, non-UTF-8 or over-long query
-    ├── SourceError (ValueError)          malformed library source (JSONL)
-    ├── LibraryError                      a library folder that cannot be used
-    │   ├── EntryNotFoundError (KeyError) no entry with that id
-    │   ├── IndexMismatchError            the faiss index does not fit the embedder or manifest
-    │   └── SignatureError                the library is unsigned or badly signed
-    ├── StateError                        a saved KV state that must not be restored
-    │   ├── IntegrityError                bytes or structure do not match what was written
-    │   ├── IncompatibleStateError        built under another fingerprint
-    │   └── InexactStateError             the state failed its bitwise fidelity check
-    ├── NoMatchError                      no library entry matched (``fallback="raise"``)
-    ├── ContextOverflowError              prompt does not fit ``n_ctx``
-    └── BackendError                      llama.cpp refused a call
+KVGraftError
+├── ConfigError (ValueError)          bad settings or bad user input
+│   └── QueryError                    empty, non-UTF-8 or over-long query
+├── SourceError (ValueError)          malformed library source (JSONL)
+├── LibraryError                      a library folder that cannot be used
+│   ├── EntryNotFoundError (KeyError) no entry with that id
+│   ├── IndexMismatchError            the faiss index does not fit the embedder or manifest
+│   └── SignatureError                the library is unsigned or badly signed
+├── StateError                        a saved KV state that must not be restored
+│   ├── IntegrityError                bytes or structure do not match what was written
+│   ├── IncompatibleStateError        built under another fingerprint
+│   └── InexactStateError             the state failed its bitwise fidelity check
+├── NoMatchError                      no library entry matched (``fallback="raise"``)
+├── ContextOverflowError              prompt does not fit ``n_ctx``
+└── BackendError                      llama.cpp refused a call
 """
 
 from __future__ import annotations

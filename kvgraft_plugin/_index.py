@@ -80,6 +80,7 @@ class VectorIndex:
     def __init__(self, dim: int, kind: IndexKind = "flat") -> None:
         import faiss
 
+        self._index: Any
         if kind == "flat":
             self._index = faiss.IndexFlatIP(dim)
         elif kind == "hnsw":

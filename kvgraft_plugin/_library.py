@@ -35,7 +35,6 @@ from ._exceptions import (
     InexactStateError,
     IntegrityError,
     LibraryError,
-    SignatureError,
     SourceError,
 )
 from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file

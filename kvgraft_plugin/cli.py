@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from ._config import KV_TYPES, EngineConfig, LlamaConfig
-from ._exceptions import ConfigError, KVGraftError, QueryError, SourceError
+from ._exceptions import KVGraftError, QueryError, SourceError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,7 +27,12 @@ def _fail(exc: Exception) -> click.ClickException:
 def llama_options(func: F) -> F:
     """The pinned llama.cpp settings, shared by every command that loads the model."""
     options = [
-        click.option("--model", "model_path", type=click.Path(dir_okay=False), help="GGUF file (default: the library's, else Gemma 3 270M)."),
+        click.option(
+            "--model",
+            "model_path",
+            type=click.Path(dir_okay=False),
+            help="GGUF file (default: the library's, else Gemma 3 270M).",
+        ),
         click.option("--n-ctx", type=int, help="Context length (default 4096)."),
         click.option("--n-batch", type=int, help="Prefill chunk size (default 512)."),
         click.option("--n-ubatch", type=int, help="Physical micro-batch (default 512)."),
@@ -48,15 +53,29 @@ def routing_options(func: F) -> F:
         click.option("--threshold", type=float, help="Cosine threshold (default: the library's calibrated one)."),
         click.option("--margin", type=float, help="Required gap between the two best scores."),
         click.option("--top-k", type=int, help="Neighbours searched."),
-        click.option("--key-file", type=click.Path(dir_okay=False), envvar="KVGRAFT_KEY_FILE",
-                     help="HMAC key: only a library signed with it is used [env KVGRAFT_KEY_FILE]."),
+        click.option(
+            "--key-file",
+            type=click.Path(dir_okay=False),
+            envvar="KVGRAFT_KEY_FILE",
+            help="HMAC key: only a library signed with it is used [env KVGRAFT_KEY_FILE].",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
-_LLAMA_FIELDS = {"model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn"}
+_LLAMA_FIELDS = {
+    "model_path",
+    "n_ctx",
+    "n_batch",
+    "n_ubatch",
+    "n_threads",
+    "n_gpu_layers",
+    "type_k",
+    "type_v",
+    "flash_attn",
+}
 
 
 def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
@@ -97,8 +116,18 @@ def main(verbose: int) -> None:
 @click.option("--embedder", help="sentence-transformers model name or path (default: bundled MiniLM).")
 @click.option("--threshold", type=float, help="Routing threshold stored in the library.")
 @llama_options
-def build(source: str, library: str, rebuild: bool, resume: bool, prune: bool, skip_invalid: bool,
-          index_kind: str | None, embedder: str | None, threshold: float | None, **options: Any) -> None:
+def build(
+    source: str,
+    library: str,
+    rebuild: bool,
+    resume: bool,
+    prune: bool,
+    skip_invalid: bool,
+    index_kind: str | None,
+    embedder: str | None,
+    threshold: float | None,
+    **options: Any,
+) -> None:
     """Build (or update) a library from SOURCE.jsonl: KV states, manifest and index."""
     from tqdm import tqdm
 
@@ -114,13 +143,23 @@ def build(source: str, library: str, rebuild: bool, resume: bool, prune: bool, s
                 options["model_path"] = remembered["path"]
         config = make_config(options, embedder=embedder)
         with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
-            report = build_library(library, entries, engine=engine, rebuild=rebuild, prune=prune,
-                                   skip_invalid=skip_invalid, index_kind=index_kind,  # type: ignore[arg-type]
-                                   threshold=threshold, progress=bar.update)
+            report = build_library(
+                library,
+                entries,
+                engine=engine,
+                rebuild=rebuild,
+                prune=prune,
+                skip_invalid=skip_invalid,
+                index_kind=index_kind,  # type: ignore[arg-type]
+                threshold=threshold,
+                progress=bar.update,
+            )
     except KVGraftError as exc:
         raise _fail(exc) from exc
-    click.echo(f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
-               f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library}")
+    click.echo(
+        f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
+        f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library}"
+    )
 
 
 def _read_queries(path: str) -> Iterator[dict[str, Any]]:
@@ -136,7 +175,7 @@ def _read_queries(path: str) -> Iterator[dict[str, Any]]:
         except (UnicodeDecodeError, ValueError) as exc:
             raise _fail(SourceError(f"{path}:{lineno}: {exc}")) from exc
         if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("id"), str):
-            raise _fail(SourceError(f"{path}:{lineno}: expected {{\"id\": str, \"question\": str, ...}}"))
+            raise _fail(SourceError(f'{path}:{lineno}: expected {{"id": str, "question": str, ...}}'))
         yield row
 
 
@@ -150,8 +189,16 @@ def _read_queries(path: str) -> Iterator[dict[str, Any]]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per answer.")
 @routing_options
 @llama_options
-def ask(question: str | None, library: str | None, mode: str, entry_id: str | None, queries: str | None,
-        max_tokens: int | None, as_json: bool, **options: Any) -> None:
+def ask(
+    question: str | None,
+    library: str | None,
+    mode: str,
+    entry_id: str | None,
+    queries: str | None,
+    max_tokens: int | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
     """Answer QUESTION (or every line of --queries) through the library."""
     if (question is None) == (queries is None):
         raise click.UsageError("give either QUESTION or --queries")
@@ -175,8 +222,11 @@ def ask(question: str | None, library: str | None, mode: str, entry_id: str | No
                 else:
                     click.echo(result.text)
                     reason = f" ({result.fallback_reason})" if result.fallback_reason else ""
-                    click.echo(f"[{result.route} {result.entry_id or '-'}{reason}; {result.decode_tokens} decode tokens, "
-                               f"ttft {result.ttft_ms:.0f} ms]", err=True)
+                    click.echo(
+                        f"[{result.route} {result.entry_id or '-'}{reason}; {result.decode_tokens} decode tokens, "
+                        f"ttft {result.ttft_ms:.0f} ms]",
+                        err=True,
+                    )
     except KVGraftError as exc:
         raise _fail(exc) from exc
 
@@ -192,12 +242,17 @@ def info(library: str, as_json: bool) -> None:
         lib = Library.open(library)
     except KVGraftError as exc:
         raise _fail(exc) from exc
-    entries = [
-        {"id": r.id, "tokens": len(r.tokens), "state_bytes": r.state_bytes, "fidelity": r.fidelity,
-         "problem": r.entry.problem[:60]}
+    entries: list[dict[str, Any]] = [
+        {
+            "id": r.id,
+            "tokens": len(r.tokens),
+            "state_bytes": r.state_bytes,
+            "fidelity": r.fidelity,
+            "problem": r.entry.problem[:60],
+        }
         for r in lib.entries.values()
     ]
-    data = {
+    data: dict[str, Any] = {
         "library": str(lib.path),
         "entries": entries,
         "n_entries": len(entries),
@@ -212,8 +267,12 @@ def info(library: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
-    click.echo(f"library   {data['library']}  ({data['n_entries']} entries, {data['state_bytes'] / 2**20:.1f} MiB of states)")
-    click.echo(f"model     {lib.model.get('bundled') or lib.model.get('path')}  sha256 {str(lib.model.get('sha256'))[:16]}…")
+    click.echo(
+        f"library   {data['library']}  ({data['n_entries']} entries, {data['state_bytes'] / 2**20:.1f} MiB of states)"
+    )
+    click.echo(
+        f"model     {lib.model.get('bundled') or lib.model.get('path')}  sha256 {str(lib.model.get('sha256'))[:16]}…"
+    )
     click.echo(f"index     {data['index']['kind']} ({data['index']['rows']} rows), embedder {lib.embedder.get('name')}")
     click.echo(f"threshold {lib.threshold}   signed {data['signed']}")
     click.echo("fingerprint " + ", ".join(f"{k}={v}" for k, v in lib.fingerprint.items() if k != "system_info"))
@@ -223,9 +282,15 @@ def info(library: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--library", type=click.Path(file_okay=False), help="Where to build the demo library (default: cache dir).")
-@click.option("--source", type=click.Path(exists=True, dir_okay=False), help="Library source (default: examples/library.jsonl).")
-@click.option("--queries", type=click.Path(exists=True, dir_okay=False), help="Queries (default: examples/queries.jsonl).")
+@click.option(
+    "--library", type=click.Path(file_okay=False), help="Where to build the demo library (default: cache dir)."
+)
+@click.option(
+    "--source", type=click.Path(exists=True, dir_okay=False), help="Library source (default: examples/library.jsonl)."
+)
+@click.option(
+    "--queries", type=click.Path(exists=True, dir_okay=False), help="Queries (default: examples/queries.jsonl)."
+)
 @click.option("--max-tokens", type=int, default=48, show_default=True)
 @llama_options
 def demo(library: str | None, source: str | None, queries: str | None, max_tokens: int, **options: Any) -> None:

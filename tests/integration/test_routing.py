@@ -42,8 +42,12 @@ def test_covered_queries_graft_onto_the_right_entry(engine, question, entry_id):
 
 @pytest.mark.parametrize(
     "question",
-    ["What is the capital of France?", "Who painted the Mona Lisa?", "What is 17 times 24?",
-     "What is the greatest common divisor of 84 and 128?"],
+    [
+        "What is the capital of France?",
+        "Who painted the Mona Lisa?",
+        "What is 17 times 24?",
+        "What is the greatest common divisor of 84 and 128?",
+    ],
 )
 def test_uncovered_queries_go_plain(engine, question):
     result = engine.ask(question, max_tokens=4)
@@ -101,8 +105,14 @@ def _copy(src, tmp_path):
 
 @pytest.mark.parametrize(
     ("damage", "reason"),
-    [("flip", "integrity"), ("truncate", "integrity"), ("empty", "integrity"), ("delete", "missing"),
-     ("inexact", "inexact"), ("fingerprint", "incompatible")],
+    [
+        ("flip", "integrity"),
+        ("truncate", "integrity"),
+        ("empty", "integrity"),
+        ("delete", "missing"),
+        ("inexact", "inexact"),
+        ("fingerprint", "incompatible"),
+    ],
 )
 def test_unusable_state_falls_back_to_text_rag(small_library, gemma_path, tmp_path, damage, reason):
     lib = _copy(small_library, tmp_path)

@@ -14,8 +14,15 @@ def test_extract_answer(text, expected):
 
 @pytest.mark.parametrize(
     ("got", "expected", "ok"),
-    [("391", "391", True), ("391.0", "391", True), ("1,048,576", "1048576", True), ("$60.", "60", True),
-     ("Paris", "paris", True), ("392", "391", False), ("-4", "4", False)],
+    [
+        ("391", "391", True),
+        ("391.0", "391", True),
+        ("1,048,576", "1048576", True),
+        ("$60.", "60", True),
+        ("Paris", "paris", True),
+        ("392", "391", False),
+        ("-4", "4", False),
+    ],
 )
 def test_answers_match(got, expected, ok):
     assert answers_match(got, expected) is ok

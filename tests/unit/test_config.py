@@ -11,8 +11,15 @@ def test_defaults_are_valid():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"n_ctx": 0}, {"n_batch": -1}, {"n_ubatch": 1024, "n_batch": 512}, {"type_k": "q3_x"}, {"type_v": "q8_0"},
-     {"n_threads": True}, {"n_gpu_layers": -2}],
+    [
+        {"n_ctx": 0},
+        {"n_batch": -1},
+        {"n_ubatch": 1024, "n_batch": 512},
+        {"type_k": "q3_x"},
+        {"type_v": "q8_0"},
+        {"n_threads": True},
+        {"n_gpu_layers": -2},
+    ],
 )
 def test_bad_llama_settings_raise(kwargs):
     with pytest.raises(ConfigError):

@@ -24,8 +24,10 @@ def test_read_source(tmp_path):
     ("lines", "match"),
     [
         (['{"id": "a", "problem": "p", "solution": "s"}', "{not json"], ":2:"),
-        (['{"id": "a", "problem": "p", "solution": "s"}', '{"id": "a", "problem": "q", "solution": "t"}'],
-         "duplicate id 'a'"),
+        (
+            ['{"id": "a", "problem": "p", "solution": "s"}', '{"id": "a", "problem": "q", "solution": "t"}'],
+            "duplicate id 'a'",
+        ),
         (['{"id": "a", "problem": "  ", "solution": "s"}'], "problem"),
         (['{"id": "a/b", "problem": "p", "solution": "s"}'], "id"),
         (['{"id": "a", "problem": "p", "solution": "s", "extra": 1}'], "unknown"),

@@ -4,12 +4,37 @@ import kvgraft_plugin
 def test_all_is_pinned():
     assert sorted(kvgraft_plugin.__all__) == sorted(
         [
-            "TEMPLATE_VERSION", "BackendError", "BaseStateCache", "ConfigError", "ContextOverflowError",
-            "Embedder", "EngineConfig", "Entry", "EntryNotFoundError", "EntryRecord", "GraftChunk",
-            "GraftEngine", "GraftResult", "Hit", "IncompatibleStateError", "IndexMismatchError",
-            "InexactStateError", "IntegrityError", "KVGraftError", "Library", "LibraryError", "LlamaConfig",
-            "NoMatchError", "QueryError", "RamStateCache", "SignatureError", "SourceError", "StateError",
-            "VectorIndex", "__version__", "read_source",
+            "TEMPLATE_VERSION",
+            "BackendError",
+            "BaseStateCache",
+            "ConfigError",
+            "ContextOverflowError",
+            "Embedder",
+            "EngineConfig",
+            "Entry",
+            "EntryNotFoundError",
+            "EntryRecord",
+            "GraftChunk",
+            "GraftEngine",
+            "GraftResult",
+            "Hit",
+            "IncompatibleStateError",
+            "IndexMismatchError",
+            "InexactStateError",
+            "IntegrityError",
+            "KVGraftError",
+            "Library",
+            "LibraryError",
+            "LlamaConfig",
+            "NoMatchError",
+            "QueryError",
+            "RamStateCache",
+            "SignatureError",
+            "SourceError",
+            "StateError",
+            "VectorIndex",
+            "__version__",
+            "read_source",
         ]
     )
     for name in kvgraft_plugin.__all__:
@@ -18,7 +43,12 @@ def test_all_is_pinned():
 
 def test_exception_tree():
     from kvgraft_plugin import (
-        ConfigError, EntryNotFoundError, IncompatibleStateError, IntegrityError, KVGraftError, SourceError,
+        ConfigError,
+        EntryNotFoundError,
+        IncompatibleStateError,
+        IntegrityError,
+        KVGraftError,
+        SourceError,
         StateError,
     )
 

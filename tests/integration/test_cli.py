@@ -1,0 +1,128 @@
+"""The CLI contract that other tools rely on (build / ask --json / ask --queries / info)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kvgraft_plugin.cli import main
+
+JSON_KEYS = {
+    "text",
+    "route",
+    "entry_id",
+    "score",
+    "fallback_reason",
+    "prefill_tokens",
+    "restored_tokens",
+    "decode_tokens",
+    "ttft_ms",
+    "total_ms",
+    "phases_ms",
+    "finish_reason",
+}
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def cli_library(tmp_path_factory, gemma_path):
+    src = tmp_path_factory.mktemp("src") / "src.jsonl"
+    src.write_text(
+        "\n".join(
+            json.dumps(e)
+            for e in [
+                {"id": "mul", "problem": "What is 17 times 23?", "solution": "17 x 23 = 391.", "answer": "391"},
+                {"id": "gcd", "problem": "What is the gcd of 84 and 126?", "solution": "It is 42.", "answer": "42"},
+            ]
+        )
+    )
+    lib = tmp_path_factory.mktemp("cli") / "lib"
+    result = run("build", src, "--library", lib, "--model", gemma_path, "--n-threads", 2)
+    assert result.exit_code == 0, result.output
+    assert "built 2" in result.output
+    return src, lib
+
+
+def test_rebuild_is_incremental(cli_library):
+    src, lib = cli_library
+    result = run("build", src, "--library", lib, "--n-threads", 2)  # the library remembers its model
+    assert result.exit_code == 0 and "built 0, unchanged 2" in result.output
+
+
+def test_ask_json_contract(cli_library):
+    _, lib = cli_library
+    result = run("ask", "--library", lib, "--n-threads", 2, "--json", "What is 17 times 23?")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(out) == JSON_KEYS
+    assert out["route"] == "graft" and out["entry_id"] == "mul" and out["fallback_reason"] is None
+    assert out["text"] == "391" and out["restored_tokens"] > 0 and out["ttft_ms"] > 0
+    assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
+
+
+def test_ask_queries_file(cli_library, tmp_path):
+    _, lib = cli_library
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        json.dumps({"id": "a", "question": "What is 17 times 23?"})
+        + "\n"
+        + json.dumps({"id": "b", "question": "What is the capital of France?"})
+        + "\n"
+        + json.dumps({"id": "c", "question": "   "})
+        + "\n"
+    )
+    result = run("ask", "--library", lib, "--n-threads", 2, "--queries", queries, "--json", "--max-tokens", 4)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["id"] for r in rows] == ["a", "b", "c"]
+    assert rows[0]["route"] == "graft" and rows[1]["route"] == "plain"
+    assert rows[1]["fallback_reason"].startswith("no-match") and "error" in rows[2]
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"id": "a", "problem": "p", "solution": "s"}', "not json"], "src.jsonl:2"),
+        (
+            ['{"id": "a", "problem": "p", "solution": "s"}', '{"id": "a", "problem": "q", "solution": "t"}'],
+            "duplicate id 'a'",
+        ),
+        (['{"id": "a", "problem": "p", "solution": "It is 5.", "answer": "6"}'], "failed verification"),
+    ],
+)
+def test_build_errors_are_one_clean_line(tmp_path, lines, message):
+    src = tmp_path / "src.jsonl"
+    src.write_text("\n".join(lines))
+    result = run("build", src, "--library", tmp_path / "lib")
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+
+
+def test_skip_invalid(tmp_path, gemma_path):
+    src = tmp_path / "src.jsonl"
+    src.write_text(
+        '{"id": "bad", "problem": "p", "solution": "It is 5.", "answer": "6"}\n'
+        '{"id": "ok", "problem": "What is 2 plus 2?", "solution": "2 + 2 = 4.", "answer": "4"}\n'
+    )
+    result = run("build", src, "--library", tmp_path / "lib", "--skip-invalid", "--model", gemma_path, "--n-threads", 2)
+    assert result.exit_code == 0 and "built 1" in result.output and "invalid 1" in result.output
+
+
+def test_info(cli_library):
+    _, lib = cli_library
+    result = run("info", "--library", lib, "--json")
+    data = json.loads(result.output)
+    assert data["n_entries"] == 2 and data["index"] == {"kind": "flat", "rows": 2}
+    assert data["fingerprint"]["swa_full"] is True and data["model"]["sha256"]
+    human = run("info", "--library", lib)
+    assert "mul" in human.output and "fidelity" in human.output
+
+
+def test_unknown_library_is_a_clean_error(tmp_path):
+    result = run("ask", "--library", tmp_path, "hello")
+    assert result.exit_code == 1 and "not a kvgraft library" in result.output
