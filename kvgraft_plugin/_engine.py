@@ -4,7 +4,7 @@
 classes) goes through it. Each step is one call into its layer: `Embedder`/`VectorIndex` (match),
 `Library` (checked state bytes), `LlamaBackend` (restore, prefill, decode).
 
-Thread safety: one engine owns one llama.cpp context, and a re-entrant lock serialises whole requests
+Thread safety: one engine owns one llama.cpp context, and a lock serialises whole requests
 on it (a request holds the context from its first prefill to its last decoded token). Concurrent
 callers therefore get exactly the outputs they would get serially. Run one engine per worker for
 parallel throughput.
@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from ._exceptions import (
     QueryError,
     StateError,
 )
-from ._index import Embedder, Hit, VectorIndex
+from ._index import Embedder, Hit, VectorIndex, open_index
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key
 from ._models import bundled_model_path, file_sha256
 from ._state import FORMAT_VERSION, SavedState
@@ -132,7 +132,7 @@ class GraftEngine:
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         self._embedder: Embedder | None = None
         self._index: VectorIndex | None = None
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # not an RLock: an async stream resumes on other threads
         self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
         if self.library is not None and self.library.trusted and self.library.entries:
             self.embedder.encode(["warm-up"])  # load torch and the index now, not in the first TTFT
@@ -183,18 +183,7 @@ class GraftEngine:
     def index(self) -> VectorIndex | None:
         """The library's faiss index, loaded and checked on first use (``None`` without a library)."""
         if self._index is None and self.library is not None and self.library.entries:
-            stored = self.library.embedder
-            current = self.embedder.identity
-            if stored and (
-                stored.get("dim") != current["dim"] or stored.get("files_sha256") != current["files_sha256"]
-            ):
-                from ._exceptions import IndexMismatchError
-
-                raise IndexMismatchError(
-                    f"the library was indexed with embedder {stored.get('name')!r}; "
-                    f"{current['name']!r} would route to wrong entries (rebuild with --embedder)"
-                )
-            self._index = VectorIndex.load(self.library.path, self.library.index, current["dim"])
+            self._index = open_index(self.library, self.embedder)
         return self._index
 
     @property
@@ -239,12 +228,15 @@ class GraftEngine:
         temperature: float | None = None,
         stop: tuple[str, ...] | list[str] | None = None,
         seed: int | None = None,
+        system: str | None = None,
+        history: Sequence[tuple[str, str]] = (),
     ) -> Iterator[GraftChunk]:
         """Answer ``question``, yielding text as it is decoded; the last chunk carries the result.
 
         ``mode``: ``auto`` routes and grafts when it can, falling back to text RAG (unusable state)
         or plain decoding (no match, too long); ``graft``/``text-rag`` force a route for the matched
-        (or ``entry_id``) entry; ``plain`` never uses the library.
+        (or ``entry_id``) entry; ``plain`` never uses the library. ``system`` and ``history`` (earlier
+        question/answer turns) are rendered into the suffix; routing uses ``question`` alone.
         """
         if mode not in ("auto", *ROUTES):
             raise ConfigError(f"mode must be one of auto, graft, text-rag, plain; got {mode!r}")
@@ -255,7 +247,7 @@ class GraftEngine:
         with self._lock:
             start = time.perf_counter()
             phases: dict[str, float] = {}
-            suffix = self.backend.tokenize(render_query(question), add_bos=False)
+            suffix = self.backend.tokenize(render_query(question, system=system, history=history), add_bos=False)
             plan = self._plan(question, suffix, mode, entry_id, budget, phases)
             logits = self._prefill(plan, phases)
             prefill_tokens = len(plan.tokens)

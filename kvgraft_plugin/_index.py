@@ -12,7 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -20,7 +20,10 @@ from ._exceptions import ConfigError, IndexMismatchError, LibraryError
 from ._models import bundled_embedder_path, file_sha256
 from ._state import atomic_write
 
-__all__ = ["Embedder", "Hit", "IndexKind", "VectorIndex"]
+if TYPE_CHECKING:
+    from ._library import Library
+
+__all__ = ["Embedder", "Hit", "IndexKind", "VectorIndex", "open_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -150,3 +153,17 @@ class VectorIndex:
         index._index = raw
         index.ids = list(record["ids"])
         return index
+
+
+def open_index(library: Library, embedder: Embedder) -> VectorIndex:
+    """Load ``library``'s index after checking it was built by ``embedder``.
+
+    A different embedder would silently route queries to wrong entries, so it is refused.
+    """
+    stored, current = library.embedder, embedder.identity
+    if stored and (stored.get("dim") != current["dim"] or stored.get("files_sha256") != current["files_sha256"]):
+        raise IndexMismatchError(
+            f"the library was indexed with embedder {stored.get('name')!r}; "
+            f"{current['name']!r} would route to wrong entries (rebuild with --embedder)"
+        )
+    return VectorIndex.load(library.path, library.index, current["dim"])

@@ -12,6 +12,7 @@ for bit; the boundary never depends on how a tokenizer would merge across it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["TEMPLATE_VERSION", "Entry", "render_entry", "render_preamble", "render_query"]
@@ -58,6 +59,12 @@ def render_entry(entry: Entry) -> str:
     return f"Problem: {entry.problem.strip()}\n{answer}Solution: {entry.solution.strip()}\n\n"
 
 
-def render_query(question: str) -> str:
-    """The query suffix: the model continues after ``Answer:``; the answer ends at the newline."""
-    return f"Problem: {question.strip()}\nAnswer:"
+def render_query(question: str, *, system: str | None = None, history: Sequence[tuple[str, str]] = ()) -> str:
+    """The query suffix: the model continues after ``Answer:``; the answer ends at the newline.
+
+    A chat's ``system`` text and earlier ``(question, answer)`` turns go into the suffix, after the
+    entry, so that the grafted prefix stays exactly the entry. Routing only sees ``question``.
+    """
+    head = f"{system.strip()}\n\n" if system and system.strip() else ""
+    turns = "".join(f"Problem: {q.strip()}\nAnswer: {a.strip()}\n\n" for q, a in history)
+    return f"{head}{turns}Problem: {question.strip()}\nAnswer:"

@@ -1,0 +1,405 @@
+"""LangChain classes over `GraftEngine`: `ChatKVGraft`, `KVGraftLLM` and `KVGraftRetriever`.
+
+They follow the partner packages (langchain-ollama): pydantic fields with docstrings, the loaded engine
+in a private attribute, stream-first generation that calls ``on_llm_new_token``, and async through
+LangChain's executor defaults (the engine is synchronous, and serialises requests on its context).
+
+Construction: ``ChatKVGraft(library="lib/")`` with any llama.cpp or routing setting, or
+``ChatKVGraft(engine=engine)`` to share an engine that is already loaded. Instances created from a
+library path share one engine per (library, pinned configuration) through a process-wide cache, so
+creating many instances (as langchain-tests does) loads the model once. Generation settings
+(``temperature``, ``max_tokens``, ``stop``) are per instance and per call, never part of that key.
+
+Chat prompts: the last human message is the question, and the only text the router sees. The system
+message and earlier human/AI turns are rendered into the query suffix, after the grafted entry, as
+``Problem:``/``Answer:`` pairs, so the graft prefix stays exactly the library entry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+try:
+    from langchain_core.callbacks import CallbackManagerForLLMRun, CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.language_models import BaseChatModel, BaseLLM, LangSmithParams
+    from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
+    from langchain_core.messages.ai import UsageMetadata
+    from langchain_core.outputs import (
+        ChatGeneration,
+        ChatGenerationChunk,
+        ChatResult,
+        Generation,
+        GenerationChunk,
+        LLMResult,
+    )
+    from langchain_core.retrievers import BaseRetriever
+    from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the LangChain adapter needs langchain-core: pip install 'kvgraft-plugin[langchain]'") from exc
+
+from .._config import EngineConfig, LlamaConfig
+from .._engine import GraftEngine, GraftResult
+from .._exceptions import ConfigError
+
+__all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
+
+_ENGINE_SETTINGS = (
+    "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
+    "swa_full", "seed", "embedder", "threshold", "margin", "top_k", "match_numbers", "fallback", "key_file",
+)  # fmt: skip
+_engines: dict[tuple[str, EngineConfig], GraftEngine] = {}
+_engines_lock = threading.Lock()
+
+
+def shared_engine(library: str | None, config: EngineConfig) -> GraftEngine:
+    """One engine per (library, configuration) in this process."""
+    key = (str(Path(library).resolve()) if library else "", config)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = GraftEngine(library, config=config)
+        return engine
+
+
+class _KVGraftMixin(BaseModel):
+    """Fields and engine wiring shared by the chat model and the LLM."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
+
+    library: str | None = None
+    """Library folder built by ``kvgraft build``. ``None`` decodes plainly."""
+    engine: Any = Field(default=None, exclude=True)
+    """A loaded `GraftEngine` to share instead of loading one from ``library``."""
+    mode: Literal["auto", "graft", "text-rag", "plain"] = "auto"
+    """Route policy (see `GraftEngine.stream`)."""
+    fallback: Literal["auto", "raise"] = "auto"
+    """``"raise"``: a query with no match raises `NoMatchError` (compose ``.with_fallbacks``)."""
+    model_path: str | None = None
+    """GGUF file; default: the library's model, else Gemma 3 270M."""
+    n_ctx: int | None = None
+    """Context length (default 4096)."""
+    n_batch: int | None = None
+    """Prefill chunk size (default 512)."""
+    n_ubatch: int | None = None
+    """Physical micro-batch (default 512)."""
+    n_threads: int | None = None
+    """CPU threads."""
+    n_gpu_layers: int | None = None
+    """Layers offloaded to a GPU (default 0)."""
+    type_k: str | None = None
+    """K cache type (default f16)."""
+    type_v: str | None = None
+    """V cache type (default f16)."""
+    flash_attn: bool | None = None
+    """Flash attention (default off)."""
+    swa_full: bool | None = None
+    """Full-size sliding-window cache (default on: needed for exact grafts past ~1000 tokens)."""
+    seed: int | None = None
+    """Sampling seed."""
+    embedder: str | None = None
+    """sentence-transformers model name or path (default: the library's)."""
+    threshold: float | None = None
+    """Cosine threshold (default: the library's calibrated one)."""
+    margin: float | None = None
+    """Required gap between the two best scores."""
+    top_k: int | None = None
+    """Neighbours searched."""
+    match_numbers: bool | None = None
+    """Refuse matches missing the query's numbers (default on)."""
+    key_file: str | None = None
+    """HMAC key file: only a library signed with it is used."""
+    temperature: float = 0.0
+    """0 is greedy; above 0 samples with ``seed``."""
+    max_tokens: int = 64
+    """Decode budget."""
+    stop: list[str] | None = None
+    """Stop strings (default: newline, since answers are one line)."""
+    timeout: float | None = None
+    """Accepted for LangChain compatibility; a local model has no request timeout."""
+    max_retries: int = 0
+    """Accepted for LangChain compatibility; local calls are not retried."""
+
+    _engine: GraftEngine | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _validate_engine(self) -> _KVGraftMixin:
+        if self.engine is not None and not isinstance(self.engine, GraftEngine):
+            raise ConfigError(f"engine must be a GraftEngine, got {type(self.engine).__name__}")
+        if self.engine is not None and self.fallback == "raise" and self.engine.config.fallback != "raise":
+            raise ConfigError("fallback='raise' must be set on the shared engine's config")
+        return self
+
+    def _get_engine(self) -> GraftEngine:
+        if self.engine is not None:
+            return self.engine  # type: ignore[no-any-return]
+        if self._engine is None:
+            settings = {k: getattr(self, k) for k in _ENGINE_SETTINGS if getattr(self, k) is not None}
+            llama = {k: v for k, v in settings.items() if k in LlamaConfig.__dataclass_fields__}
+            rest = {k: v for k, v in settings.items() if k not in llama}
+            config = EngineConfig(llama=LlamaConfig(**llama), **rest)
+            self._engine = shared_engine(self.library, config)
+        return self._engine
+
+    def _stream_result(
+        self, question: str, stop: list[str] | None, run_manager: Any, **kwargs: Any
+    ) -> Iterator[tuple[str, GraftResult | None]]:
+        engine = self._get_engine()
+        stops = stop if stop is not None else self.stop
+        for chunk in engine.stream(
+            question,
+            mode=kwargs.get("mode", self.mode),
+            entry_id=kwargs.get("entry_id"),
+            max_tokens=kwargs.get("max_tokens", self.max_tokens),
+            temperature=kwargs.get("temperature", self.temperature),
+            stop=tuple(stops) if stops is not None else None,
+            seed=self.seed,
+            system=kwargs.get("system"),
+            history=kwargs.get("history", ()),
+        ):
+            yield chunk.text, chunk.result
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        engine = self._get_engine() if self.engine is not None or self._engine is not None else None
+        return {
+            "library": self.library or (str(engine.library.path) if engine and engine.library else None),
+            "model_path": str(engine.backend.model_path) if engine else self.model_path,
+            "mode": self.mode,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+
+    def _model_name(self) -> str:
+        engine = self._get_engine()
+        return Path(engine.backend.model_path).name
+
+
+def _metadata(result: GraftResult, model_name: str) -> dict[str, Any]:
+    data = result.to_json()
+    data.pop("text")
+    data["model_name"] = model_name
+    return data
+
+
+def _usage(result: GraftResult) -> UsageMetadata:
+    prompt = result.prefill_tokens + result.restored_tokens
+    return UsageMetadata(
+        input_tokens=prompt,
+        output_tokens=result.decode_tokens,
+        total_tokens=prompt + result.decode_tokens,
+        input_token_details={"cache_read": result.restored_tokens},
+    )
+
+
+def _split_messages(messages: Sequence[BaseMessage]) -> tuple[str, str | None, list[tuple[str, str]]]:
+    """(question, system text, earlier (human, ai) turns) from a chat."""
+    system = "\n".join(m.text for m in messages if isinstance(m, SystemMessage)) or None
+    turns = [m for m in messages if not isinstance(m, SystemMessage)]
+    last_human = max((i for i, m in enumerate(turns) if isinstance(m, HumanMessage)), default=None)
+    if last_human is None:
+        raise ConfigError("ChatKVGraft needs at least one human message")
+    history: list[tuple[str, str]] = []
+    pending: list[str] = []
+    for message in turns[:last_human]:
+        if isinstance(message, HumanMessage):
+            pending.append(message.text)
+        elif isinstance(message, AIMessage):
+            history.append((" ".join(pending), message.text))
+            pending = []
+    question = " ".join([*pending, turns[last_human].text])
+    return question, system, history
+
+
+class ChatKVGraft(_KVGraftMixin, BaseChatModel):
+    """Chat model over a grafted library of solved problems.
+
+    Example:
+        ```python
+        from kvgraft_plugin.adapters.langchain import ChatKVGraft
+
+        chat = ChatKVGraft(library="lib/", n_threads=2)
+        message = chat.invoke("What is 17 times 23?")
+        message.response_metadata["route"]  # "graft"
+        ```
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "kvgraft-chat"
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "kvgraft"
+        params["ls_model_name"] = kwargs.get("model") or self.model_path or "gemma-3-270m"
+        return params
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        question, system, history = _split_messages(messages)
+        for text, result in self._stream_result(question, stop, run_manager, system=system, history=history, **kwargs):
+            if result is None:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=text))
+                if run_manager:
+                    run_manager.on_llm_new_token(text, chunk=chunk)
+                yield chunk
+            else:
+                metadata = _metadata(result, self._model_name())
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content="",
+                        response_metadata=metadata,
+                        usage_metadata=_usage(result),
+                        chunk_position="last",
+                    ),
+                    generation_info=metadata,
+                )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        final: ChatGenerationChunk | None = None
+        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            final = chunk if final is None else final + chunk
+        assert final is not None
+        message = AIMessage(
+            content=final.message.content,
+            response_metadata=final.message.response_metadata,
+            usage_metadata=getattr(final.message, "usage_metadata", None),
+        )
+        return ChatResult(generations=[ChatGeneration(message=message, generation_info=final.generation_info)])
+
+
+class KVGraftLLM(_KVGraftMixin, BaseLLM):
+    """Completion model over a grafted library: the prompt string is the question.
+
+    Example:
+        ```python
+        from kvgraft_plugin.adapters.langchain import KVGraftLLM
+
+        llm = KVGraftLLM(library="lib/")
+        llm.invoke("What is 17 times 23?")  # "391"
+        ```
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "kvgraft"
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        for text, result in self._stream_result(prompt, stop, run_manager, **kwargs):
+            if result is None:
+                chunk = GenerationChunk(text=text)
+                if run_manager:
+                    run_manager.on_llm_new_token(text, chunk=chunk)
+                yield chunk
+            else:
+                yield GenerationChunk(text="", generation_info=_metadata(result, self._model_name()))
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        generations: list[list[Generation]] = []
+        for prompt in prompts:
+            final: GenerationChunk | None = None
+            for chunk in self._stream(prompt, stop=stop, run_manager=run_manager, **kwargs):
+                final = chunk if final is None else final + chunk
+            assert final is not None
+            generations.append([Generation(text=final.text, generation_info=final.generation_info)])
+        return LLMResult(generations=generations)
+
+
+class KVGraftRetriever(BaseRetriever):
+    """The library's nearest entries as `Document`s, for text-RAG chains over the same index.
+
+    No threshold is applied: exactly ``k`` documents come back (fewer only if the library is smaller).
+    Metadata: ``entry_id``, ``score`` (cosine similarity), ``problem``, ``answer``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    library: str | None = None
+    """Library folder (loads only the embedder and the index, not the LLM)."""
+    engine: Any = Field(default=None, exclude=True)
+    """A loaded `GraftEngine` to share."""
+    k: int = 4
+    """How many entries to return."""
+    embedder: str | None = None
+    """sentence-transformers model name or path (default: the library's)."""
+    key_file: str | None = None
+    """HMAC key file: an unsigned or badly signed library is refused."""
+
+    _search: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _validate(self) -> KVGraftRetriever:
+        if (self.library is None) == (self.engine is None):
+            raise ConfigError("give exactly one of library= or engine=")
+        if self.k < 1:
+            raise ConfigError(f"k must be >= 1, got {self.k}")
+        return self
+
+    def _searcher(self) -> Any:
+        if self._search is None:
+            from .._index import Embedder, open_index
+            from .._library import Library, load_key
+
+            if self.engine is not None:
+                engine: GraftEngine = self.engine
+                self._search = (engine.library, engine.search)
+            else:
+                key = load_key(self.key_file) if self.key_file else None
+                library = Library.open(self.library or "", key=key)
+                if not library.trusted:
+                    from .._exceptions import SignatureError
+
+                    raise SignatureError(f"library {library.path} refused: {library.untrusted_reason}")
+                stored = library.embedder.get("name", "")
+                embedder = Embedder(self.embedder or (None if stored.startswith("bundled:") else stored or None))
+                index = open_index(library, embedder)
+                self._search = (library, lambda q, k: index.search(embedder.encode([q])[0], k))
+        return self._search
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        library, search = self._searcher()
+        k = kwargs.get("k", self.k)
+        documents = []
+        for hit in search(query, k):
+            entry = library.get(hit.entry_id).entry
+            text = f"Problem: {entry.problem}\n" + (f"Answer: {entry.answer}\n" if entry.answer else "")
+            documents.append(
+                Document(
+                    page_content=text + f"Solution: {entry.solution}",
+                    metadata={
+                        "entry_id": entry.id,
+                        "score": hit.score,
+                        "problem": entry.problem,
+                        "answer": entry.answer,
+                    },
+                )
+            )
+        return documents

@@ -1,0 +1,250 @@
+"""``kvgraft bench``: every query in every mode, with accuracy, identity, retrieval and token counts.
+
+Modes: ``plain`` never uses the library; ``text-rag`` routes and pastes the matched entry's text;
+``graft`` is the full ``auto`` chain (route, graft, fall back to text RAG or plain with a reason).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ._checks import Checker, default_check, extract_answer
+from ._engine import GraftEngine, GraftResult
+
+__all__ = ["MODES", "run_bench"]
+
+MODES = ("plain", "text-rag", "graft")
+_ENGINE_MODE = {"plain": "plain", "text-rag": "text-rag", "graft": "auto"}
+
+
+def run_bench(
+    engine: GraftEngine,
+    queries: list[dict[str, Any]],
+    out: Path,
+    *,
+    modes: Iterable[str] = MODES,
+    max_tokens: int | None = None,
+    checker: Checker | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> dict[str, Any]:
+    """Run the bench, write ``results.jsonl``, ``summary.json``, ``summary.md`` and plots to ``out``.
+
+    ``checker`` replaces the default answer check; without one, rows with no ``answer`` get
+    ``correct: null``.
+    """
+    modes = list(modes)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    by_mode: dict[str, dict[str, GraftResult]] = {m: {} for m in modes}
+    for mode in modes:
+        for query in queries:
+            result = engine.ask(query["question"], mode=_ENGINE_MODE[mode], max_tokens=max_tokens)  # type: ignore[arg-type]
+            by_mode[mode][query["id"]] = result
+            rows.append(_row(query, mode, result, checker))
+            if progress is not None:
+                progress(1)
+    with (out / "results.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    summary = _summary(engine, queries, rows, by_mode, modes, max_tokens)
+    summary["plots"] = _plots(rows, modes, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(render_markdown(summary))
+    return summary
+
+
+def _row(query: Mapping[str, Any], mode: str, result: GraftResult, checker: Checker | None) -> dict[str, Any]:
+    correct: bool | None = None
+    if checker is not None:
+        correct = bool(checker(query, result.text))
+    elif query.get("answer") is not None:
+        correct = default_check(query, result.text)
+    data = result.to_json()
+    return {
+        "id": query["id"],
+        "mode": mode,
+        "route": result.route,
+        "entry_id": result.entry_id,
+        "score": result.score,
+        "fallback_reason": result.fallback_reason,
+        "text": result.text,
+        "answer_extracted": extract_answer(result.text),
+        "correct": correct,
+        **{k: data[k] for k in ("prefill_tokens", "restored_tokens", "decode_tokens", "ttft_ms", "total_ms")},
+        "prefix_tokens": result.prefill_tokens + result.restored_tokens,
+    }
+
+
+def _summary(
+    engine: GraftEngine,
+    queries: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    by_mode: dict[str, dict[str, GraftResult]],
+    modes: list[str],
+    max_tokens: int | None,
+) -> dict[str, Any]:
+    per_mode: dict[str, Any] = {}
+    for mode in modes:
+        mode_rows = [r for r in rows if r["mode"] == mode]
+        checked = [r for r in mode_rows if r["correct"] is not None]
+        per_mode[mode] = {
+            "n": len(mode_rows),
+            "checked": len(checked),
+            "correct": sum(1 for r in checked if r["correct"]),
+            "accuracy": (sum(1 for r in checked if r["correct"]) / len(checked)) if checked else None,
+            "ttft_ms_median": statistics.median(r["ttft_ms"] for r in mode_rows),
+            "ttft_ms_mean": statistics.fmean(r["ttft_ms"] for r in mode_rows),
+            "total_ms_median": statistics.median(r["total_ms"] for r in mode_rows),
+            "prefill_tokens": sum(r["prefill_tokens"] for r in mode_rows),
+            "restored_tokens": sum(r["restored_tokens"] for r in mode_rows),
+            "decode_tokens": sum(r["decode_tokens"] for r in mode_rows),
+            "routes": {k: sum(1 for r in mode_rows if r["route"] == k) for k in ("graft", "text-rag", "plain")},
+        }
+
+    identical = n_grafted = 0
+    if "graft" in by_mode and "text-rag" in by_mode:
+        for qid, result in by_mode["graft"].items():
+            if result.route == "graft":
+                n_grafted += 1
+                identical += result.text == by_mode["text-rag"][qid].text
+    else:
+        n_grafted = sum(1 for r in by_mode.get("graft", {}).values() if r.route == "graft")
+
+    labelled = [q for q in queries if "expect_entry" in q]
+    graft_results = by_mode.get("graft", {})
+    hits = wrong = 0
+    for q in labelled:
+        result = graft_results.get(q["id"])
+        if result is None:
+            continue
+        hits += result.entry_id == q["expect_entry"]
+        wrong += result.route == "graft" and result.entry_id != q["expect_entry"]
+
+    covered = [q["id"] for q in queries if q.get("expect_entry")]
+    tokens: dict[str, Any] = {"plain_max_tokens": max_tokens or engine.config.max_tokens, "covered": len(covered)}
+    if covered and "plain" in by_mode and "graft" in by_mode:
+        plain_dec = sum(by_mode["plain"][i].decode_tokens for i in covered)
+        graft_dec = sum(by_mode["graft"][i].decode_tokens for i in covered)
+        tokens.update(plain_decode=plain_dec, graft_decode=graft_dec, reduction=plain_dec / max(graft_dec, 1))
+
+    return {
+        "modes": per_mode,
+        "identical_rate": identical / n_grafted if n_grafted else None,
+        "identical": identical,
+        "n_grafted": n_grafted,
+        "retrieval": {"labelled": len(labelled), "hits": hits, "wrong_grafts": wrong},
+        "decode_tokens_on_covered": tokens,
+        "machine": f"{platform.machine()} {platform.processor() or ''} {_cpu_name()}, "
+        f"{engine.config.llama.n_threads} threads".strip(),
+        "config": {
+            "model": engine.backend.model_path.name,
+            "library": str(engine.library.path) if engine.library else None,
+            "threshold": engine.threshold,
+            "margin": engine.config.margin,
+            "top_k": engine.config.top_k,
+            "max_tokens": max_tokens or engine.config.max_tokens,
+            **{k: v for k, v in engine.fingerprint.items() if k not in ("system_info", "gguf_sha256")},
+        },
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def render_markdown(summary: Mapping[str, Any]) -> str:
+    """``summary.md``: the per-mode table with ratios against plain and text RAG."""
+    modes = summary["modes"]
+    lines = [
+        "| mode | correct | accuracy | median TTFT ms | TTFT vs plain | TTFT vs text-rag | prefill tok | restored tok "
+        "| decode tok | routes (graft/text-rag/plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = modes.get("plain", {}).get("ttft_ms_median")
+    rag = modes.get("text-rag", {}).get("ttft_ms_median")
+    for mode, m in modes.items():
+        acc = f"{m['accuracy']:.1%}" if m["accuracy"] is not None else "-"
+        vs_plain = f"{m['ttft_ms_median'] / base:.2f}x" if base else "-"
+        vs_rag = f"{m['ttft_ms_median'] / rag:.2f}x" if rag else "-"
+        routes = "/".join(str(m["routes"][k]) for k in ("graft", "text-rag", "plain"))
+        lines.append(
+            f"| {mode} | {m['correct']}/{m['checked']} | {acc} | {m['ttft_ms_median']:.0f} | {vs_plain} | {vs_rag} "
+            f"| {m['prefill_tokens']} | {m['restored_tokens']} | {m['decode_tokens']} | {routes} |"
+        )
+    ret = summary["retrieval"]
+    tok = summary["decode_tokens_on_covered"]
+    rate = summary["identical_rate"]
+    lines += [
+        "",
+        f"- Graft text identical to text-RAG text: {summary['identical']}/{summary['n_grafted']}"
+        + (f" ({rate:.0%})" if rate is not None else ""),
+        f"- Retrieval: {ret['hits']}/{ret['labelled']} labelled queries routed as expected; "
+        f"wrong-entry grafts: {ret['wrong_grafts']}",
+    ]
+    if "reduction" in tok:
+        lines.append(
+            f"- Decode tokens on the {tok['covered']} covered queries: plain {tok['plain_decode']}, graft "
+            f"{tok['graft_decode']} ({tok['reduction']:.1f}x fewer; plain capped at {tok['plain_max_tokens']} tokens)"
+        )
+    lines += [f"- Machine: {summary['machine']}. Figures vary with the machine.", ""]
+    return "\n".join(lines)
+
+
+def _plots(rows: list[dict[str, Any]], modes: list[str], out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in the bench extra
+        return []
+    files = []
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    medians = [statistics.median(r["ttft_ms"] for r in rows if r["mode"] == m) for m in modes]
+    ax.bar(modes, medians, color=["#999999", "#d9822b", "#2b7bd9"][: len(modes)])
+    ax.set_ylabel("median TTFT (ms)")
+    ax.set_title("Time to first token per mode")
+    fig.tight_layout()
+    fig.savefig(out / "ttft_per_mode.png", dpi=120)
+    files.append("ttft_per_mode.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for mode, colour in (("text-rag", "#d9822b"), ("graft", "#2b7bd9")):
+        pts = [(r["prefix_tokens"], r["ttft_ms"]) for r in rows if r["mode"] == mode and r["entry_id"]]
+        if pts:
+            ax.scatter(*zip(*pts), label=mode, color=colour, s=14)
+    ax.set_xlabel("prompt tokens (restored + prefilled)")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title("TTFT against prefix length")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "ttft_vs_prefix.png", dpi=120)
+    files.append("ttft_vs_prefix.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(
+        modes,
+        [sum(r["decode_tokens"] for r in rows if r["mode"] == m) for m in modes],
+        color=["#999999", "#d9822b", "#2b7bd9"][: len(modes)],
+    )
+    ax.set_ylabel("decode tokens (all queries)")
+    ax.set_title("Decode tokens per mode")
+    fig.tight_layout()
+    fig.savefig(out / "decode_tokens_per_mode.png", dpi=120)
+    files.append("decode_tokens_per_mode.png")
+    plt.close(fig)
+    return files

@@ -1,0 +1,166 @@
+"""The LangChain adapter: the langchain-tests standard suites, LCEL chains, streaming, batching."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from kvgraft_plugin import GraftEngine, KVGraftError, NoMatchError
+from kvgraft_plugin.adapters.langchain import ChatKVGraft, KVGraftLLM, KVGraftRetriever
+
+LIB: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library(small_library, gemma_path):
+    LIB["path"], LIB["model"] = str(small_library), str(gemma_path)
+
+
+def params() -> dict:
+    return {"library": LIB["path"], "model_path": LIB["model"], "n_threads": 2}
+
+
+class TestChatKVGraftUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[ChatKVGraft]:
+        return ChatKVGraft
+
+    @property
+    def chat_model_params(self) -> dict:
+        return params()
+
+
+class TestChatKVGraftIntegration(ChatModelIntegrationTests):
+    @property
+    def chat_model_class(self) -> type[ChatKVGraft]:
+        return ChatKVGraft
+
+    @property
+    def chat_model_params(self) -> dict:
+        return params()
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+
+class TestKVGraftRetriever(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[KVGraftRetriever]:
+        return KVGraftRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"library": LIB["path"]}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "What is 17 times 23?"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return ChatKVGraft(**params())._get_engine()
+
+
+def test_instances_share_one_engine(engine):
+    assert ChatKVGraft(**params(), temperature=0.5)._get_engine() is engine
+    assert KVGraftLLM(**params(), max_tokens=5)._get_engine() is engine
+    assert ChatKVGraft(engine=engine)._get_engine() is engine
+
+
+@pytest.mark.parametrize("model_cls", [ChatKVGraft, KVGraftLLM])
+def test_lcel_chain_routes_and_streams(engine, model_cls):
+    if model_cls is ChatKVGraft:
+        prompt = ChatPromptTemplate.from_messages([("human", "{question}")])
+    else:
+        prompt = PromptTemplate.from_template("{question}")
+    model = model_cls(engine=engine)
+    chain = prompt | model | StrOutputParser()
+    covered, uncovered = {"question": "What is 17 times 23?"}, {"question": "What is the capital of France?"}
+
+    assert chain.invoke(covered) == "391"
+    assert "".join(chain.stream(covered)) == chain.invoke(covered)
+    serial = [chain.invoke(q) for q in (covered, uncovered)]
+    assert chain.batch([covered, uncovered], config={"max_concurrency": 2}) == serial
+
+    meta_chain = prompt | model
+    covered_meta = meta_chain.invoke(covered)
+    uncovered_meta = meta_chain.invoke(uncovered)
+    if model_cls is ChatKVGraft:
+        covered_meta, uncovered_meta = covered_meta.response_metadata, uncovered_meta.response_metadata
+        assert covered_meta["route"] == "graft" and covered_meta["entry_id"] == "mul-17x23"
+        assert uncovered_meta["route"] == "plain" and uncovered_meta["fallback_reason"].startswith("no-match")
+    else:
+        info = model.generate(["What is 17 times 23?"]).generations[0][0].generation_info
+        assert info["route"] == "graft" and info["restored_tokens"] > 0 and info["ttft_ms"] > 0
+
+
+async def test_async_paths_equal_sync(engine):
+    chat = ChatKVGraft(engine=engine)
+    question = "What is the greatest common divisor of 84 and 126?"
+    sync = chat.invoke(question).content
+    assert (await chat.ainvoke(question)).content == sync
+    assert "".join([c.content async for c in chat.astream(question)]) == sync
+    assert [m.content for m in await chat.abatch([question, question])] == [sync, sync]
+
+
+def test_streaming_calls_on_llm_new_token(engine):
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self):
+            self.tokens = []
+
+        def on_llm_new_token(self, token, **kwargs):
+            self.tokens.append(token)
+
+    handler = Tokens()
+    text = "".join(c.content for c in ChatKVGraft(engine=engine).stream("Hello", config={"callbacks": [handler]}))
+    assert text and "".join(handler.tokens) == text and len(handler.tokens) > 1
+
+
+def test_history_and_system_enter_the_suffix(engine):
+    chat = ChatKVGraft(engine=engine)
+    message = chat.invoke(
+        [
+            ("system", "Answer with a number."),
+            ("human", "What is 2 plus 2?"),
+            ("ai", "4"),
+            ("human", "What is 17 times 23?"),
+        ]
+    )
+    assert message.response_metadata["route"] == "graft" and message.content == "391"
+
+
+def test_fallback_raise_composes_with_fallbacks(small_library, gemma_path):
+    strict = ChatKVGraft(**params(), fallback="raise")
+    with pytest.raises(NoMatchError):
+        strict.invoke("What is the capital of France?")
+    plain = ChatKVGraft(**params(), mode="plain", max_tokens=4)
+    result = strict.with_fallbacks([plain]).invoke("What is the capital of France?")
+    assert result.response_metadata["route"] == "plain"
+
+
+def test_errors_reach_callbacks(engine):
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Errors(BaseCallbackHandler):
+        errors: list = []
+
+        def on_llm_error(self, error, **kwargs):
+            self.errors.append(error)
+
+    handler = Errors()
+    with pytest.raises(KVGraftError, match="empty"):
+        ChatKVGraft(engine=engine).invoke("   ", config={"callbacks": [handler]})
+    assert handler.errors and "empty" in str(handler.errors[0])
+
+
+def test_engine_must_be_an_engine():
+    with pytest.raises(ValueError):
+        ChatKVGraft(engine="not an engine")
+    assert isinstance(ChatKVGraft(**params())._get_engine(), GraftEngine)
