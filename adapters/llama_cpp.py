@@ -205,13 +205,14 @@ class LlamaBackend:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
-        self.arch = self._meta("general.architecture")
+        self.arch = self.meta("general.architecture")
         self.n_past = 0
         logger.info("loaded %s (%s, n_swa=%d) with %s", path.name, self.arch, self.n_swa, config)
 
     # -- model facts --------------------------------------------------------------------------------
 
-    def _meta(self, key: str) -> str:
+    def meta(self, key: str) -> str:
+        """A GGUF metadata value as a string ("" when absent)."""
         buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else ""

@@ -310,5 +310,196 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
         raise _fail(exc) from exc
 
 
+@main.command()
+@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--queries", required=True, type=click.Path(exists=True, dir_okay=False), help="Queries JSONL.")
+@click.option("--modes", default="plain,text-rag,graft", show_default=True, help="Comma-separated modes.")
+@click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--max-tokens", type=int, help="Decode budget per answer (default 64; it caps plain's token count).")
+@click.option("--checker", help="module:function taking (question: dict, text: str) -> bool.")
+@routing_options
+@llama_options
+def bench(
+    library: str, queries: str, modes: str, out: str, max_tokens: int | None, checker: str | None, **options: Any
+) -> None:
+    """Run every query in every mode; write results.jsonl, summary.json, summary.md and plots."""
+    from tqdm import tqdm
+
+    from ._bench import MODES, run_bench
+    from ._checks import load_checker
+
+    chosen = [m.strip() for m in modes.split(",") if m.strip()]
+    unknown = set(chosen) - set(MODES)
+    if unknown or not chosen:
+        raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
+    rows = list(_read_queries(queries))
+    try:
+        check = load_checker(checker) if checker else None
+        with _engine(library, make_config(options)) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
+            summary = run_bench(
+                engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
+            )
+    except KVGraftError as exc:
+        raise _fail(exc) from exc
+    from ._bench import render_markdown
+
+    click.echo(render_markdown(summary))
+    click.echo(f"wrote {out}/results.jsonl, summary.json, summary.md, " + ", ".join(summary["plots"]))
+
+
+@main.command("bench-graft")
+@click.option("--lengths", default="256,1024,2048", show_default=True, help="Prefix lengths in tokens.")
+@click.option("--repeat", type=int, default=7, show_default=True)
+@click.option("--sweep", type=int, default=0, help="Also run this many seeded bitwise (prefix, query) checks.")
+@click.option("--json", "as_json", is_flag=True)
+@llama_options
+def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **options: Any) -> None:
+    """Restore vs memcpy, TTFT of graft / text RAG / plain, bytes per token; optional exactness sweep."""
+    from ._bench_graft import bench_graft, exactness_sweep
+
+    sizes = [int(x) for x in lengths.split(",") if x.strip()]
+    with _engine(None, make_config(options)) as engine:
+        rows = bench_graft(engine, sizes, repeat=repeat)
+        cases = exactness_sweep(engine, n_cases=sweep) if sweep else []
+    if as_json:
+        click.echo(json.dumps({"rows": rows, "sweep": cases}, indent=1))
+    else:
+        click.echo(f"model {engine.backend.model_path.name}, {engine.config.llama.n_threads} threads\n")
+        click.echo(
+            "| prefix tok | state MiB | restore ms | numpy copy ms | restore/copy | TTFT graft ms "
+            "(restore+prefill) | TTFT text-rag ms | TTFT plain ms | graft/plain | text-rag/graft "
+            "| B/token | f16 bound B/token |"
+        )
+        click.echo("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            g = r["graft"]
+            click.echo(
+                f"| {r['prefix_tokens']} | {r['state_mib']:.1f} | {r['restore_ms']:.2f} | {r['copy_ms']:.2f} "
+                f"| {r['restore_vs_copy']:.2f}x | {g['ttft']:.1f} ({g['restore']:.1f}+{g['prefill']:.1f}) "
+                f"| {r['text_rag']['ttft']:.1f} | {r['plain']['ttft']:.1f} | {r['graft_vs_plain']:.2f}x "
+                f"| {r['text_rag_vs_graft']:.1f}x | {r['bytes_per_token']:.0f} | {r['f16_bound_per_token']} |"
+            )
+        if cases:
+            exact = sum(c["exact"] for c in cases)
+            click.echo(f"\nexactness sweep: {exact}/{len(cases)} bitwise equal")
+            for c in cases:
+                if not c["exact"]:
+                    click.echo(f"  prefix {c['prefix_tokens']} query {c['query_tokens']}: max diff {c['max_diff']}")
+    if cases and not all(c["exact"] for c in cases):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("problems", type=click.Path(exists=True, dir_okay=False))
+@click.option("--attempts", type=int, default=4, show_default=True)
+@click.option("--temperature", type=float, default=0.8, show_default=True)
+@click.option("--checker", help="module:function taking (question: dict, text: str) -> bool.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Library source JSONL to write.")
+@click.option("--max-tokens", type=int, help="Decode budget per attempt.")
+@llama_options
+def curate(
+    problems: str,
+    attempts: int,
+    temperature: float,
+    checker: str | None,
+    out: str,
+    max_tokens: int | None,
+    **options: Any,
+) -> None:
+    """Sample the frozen model on PROBLEMS and keep only solutions the checker verifies."""
+    from tqdm import tqdm
+
+    from ._checks import load_checker
+    from ._curate import curate as run_curate
+    from ._curate import read_problems
+
+    if attempts < 1:
+        raise click.UsageError("--attempts must be >= 1")
+    try:
+        rows = read_problems(problems)
+        with (
+            _engine(None, make_config(options, max_tokens=max_tokens)) as engine,
+            tqdm(total=len(rows), desc="curate") as bar,
+        ):
+            reports = run_curate(
+                engine,
+                rows,
+                Path(out),
+                attempts=attempts,
+                temperature=temperature,
+                checker=load_checker(checker),
+                progress=bar.update,
+            )
+    except KVGraftError as exc:
+        raise _fail(exc) from exc
+    click.echo(f"{'id':<24} {'attempts':>8} {'successes':>9} {'decode tok':>10} kept")
+    for r in reports:
+        click.echo(f"{r.id:<24} {r.attempts:>8} {r.successes:>9} {r.decode_tokens:>10} {'yes' if r.kept else 'no'}")
+    click.echo(f"kept {sum(r.kept for r in reports)}/{len(reports)} -> {out}")
+
+
+@main.command()
+@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--fidelity", is_flag=True, help="Also re-prefill each entry and compare restore + probe bitwise.")
+@click.option("--repair", is_flag=True, help="Rebuild failed or stale entries from the manifest's text.")
+@click.option(
+    "--key-file",
+    type=click.Path(dir_okay=False),
+    envvar="KVGRAFT_KEY_FILE",
+    help="HMAC key: the library must be signed with it [env KVGRAFT_KEY_FILE].",
+)
+@click.option("--json", "as_json", is_flag=True)
+@llama_options
+def verify(library: str, fidelity: bool, repair: bool, key_file: str | None, as_json: bool, **options: Any) -> None:
+    """Check every entry's integrity and compatibility (and fidelity); exit 1 on any failure."""
+    from ._verify import verify_library
+
+    try:
+        with _engine(library, make_config(options, key_file=key_file)) as engine:
+            rows = verify_library(engine, fidelity=fidelity, repair=repair)
+    except KVGraftError as exc:
+        raise _fail(exc) from exc
+    failed = [r for r in rows if not r.ok and not r.repaired]
+    if as_json:
+        click.echo(json.dumps({"ok": not failed, "entries": [r.to_json() for r in rows]}, indent=1))
+    else:
+        for r in rows:
+            status = "ok" if r.ok else ("repaired" if r.repaired else "FAIL")
+            click.echo(f"{status:<8} {r.id:<24} {r.reason or ''}")
+        click.echo(f"{len(rows) - len(failed)}/{len(rows)} entries usable")
+    if failed:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("key_file", type=click.Path(dir_okay=False))
+def keygen(key_file: str) -> None:
+    """Write a new random 32-byte HMAC key to KEY_FILE (mode 600; refuses to overwrite)."""
+    import secrets
+
+    path = Path(key_file)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise click.ClickException(f"{path} exists; not overwriting a key") from exc
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    click.echo(f"wrote a 32-byte key to {path}")
+
+
+@main.command()
+@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--key-file", required=True, type=click.Path(exists=True, dir_okay=False), envvar="KVGRAFT_KEY_FILE")
+def sign(library: str, key_file: str) -> None:
+    """Write LIBRARY/manifest.sig: HMAC-SHA256 of the manifest (entries, state hashes, index hash)."""
+    from ._library import Library, load_key
+
+    try:
+        path = Library.open(library).sign(load_key(key_file))
+    except KVGraftError as exc:
+        raise _fail(exc) from exc
+    click.echo(f"signed {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,0 +1,129 @@
+"""``kvgraft bench-graft``: what a graft costs, measured in one run.
+
+For each prefix length: the restore against a numpy copy of the same bytes, TTFT of graft, text RAG
+and plain with their phases, and bytes on disk per token against the f16 KV bound. ``--sweep`` adds a
+longer bitwise sweep of prefix and query lengths than the test suite runs.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._engine import GraftEngine
+from ._template import render_query
+from .adapters.llama_cpp import LlamaBackend
+
+__all__ = ["bench_graft", "exactness_sweep"]
+
+_TEXT = " ".join(
+    f"Step {k}: {k} times {k + 3} is {k * (k + 3)}, and adding {k} gives {k * (k + 4)}." for k in range(1, 900)
+)
+_QUERY = render_query("Using the steps above, what is 12 times 15, and what do you get when you add 12 to it?")
+
+
+def _median_ms(func: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        func()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def kv_f16_bytes_per_token(backend: LlamaBackend) -> int:
+    """K+V bytes per token at f16 for every layer: the bound a KV state cannot beat uncompressed."""
+    arch = backend.arch
+    n_layer = int(backend.meta(f"{arch}.block_count"))
+    n_head = int(backend.meta(f"{arch}.attention.head_count"))
+    n_head_kv = int(backend.meta(f"{arch}.attention.head_count_kv") or n_head)
+    n_embd = int(backend.meta(f"{arch}.embedding_length"))
+    k_len = int(backend.meta(f"{arch}.attention.key_length") or n_embd // n_head)
+    v_len = int(backend.meta(f"{arch}.attention.value_length") or n_embd // n_head)
+    return n_layer * n_head_kv * (k_len + v_len) * 2
+
+
+def bench_graft(engine: GraftEngine, lengths: list[int], *, repeat: int = 5) -> list[dict[str, Any]]:
+    """Restore vs memcpy, and TTFT of graft / text RAG / plain, for each prefix length."""
+    backend = engine.backend
+    stream = backend.tokenize(_TEXT, add_bos=True)
+    query = backend.tokenize(_QUERY, add_bos=False)
+    bound = kv_f16_bytes_per_token(backend)
+    rows = []
+    for n in lengths:
+        prefix = stream[:n]
+        backend.reset()
+        backend.prefill(prefix)
+        payload = backend.capture_state()
+        src = np.frombuffer(payload, dtype=np.uint8)
+        dst = np.empty_like(src)
+        copy_ms = _median_ms(lambda: np.copyto(dst, src), repeat)  # noqa: B023
+        restore_ms = _median_ms(lambda: backend.restore_state(payload, n), repeat)  # noqa: B023
+
+        def first_token(restore: bool, tokens: list[int]) -> dict[str, float]:
+            t0 = time.perf_counter()
+            if restore:
+                backend.restore_state(payload, n)  # noqa: B023
+            else:
+                backend.reset()
+            t1 = time.perf_counter()
+            logits = backend.prefill(tokens)
+            int(np.argmax(logits))
+            t2 = time.perf_counter()
+            return {"restore": (t1 - t0) * 1000, "prefill": (t2 - t1) * 1000, "ttft": (t2 - t0) * 1000}
+
+        def median_phases(restore: bool, tokens: list[int]) -> dict[str, float]:
+            runs = [first_token(restore, tokens) for _ in range(max(1, repeat // 2))]
+            return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+        graft = median_phases(True, query)
+        text_rag = median_phases(False, prefix + query)
+        plain = median_phases(False, engine._preamble_tokens + query)
+        rows.append(
+            {
+                "prefix_tokens": n,
+                "state_mib": len(payload) / 2**20,
+                "copy_ms": copy_ms,
+                "restore_ms": restore_ms,
+                "restore_vs_copy": restore_ms / copy_ms if copy_ms else float("inf"),
+                "graft": graft,
+                "text_rag": text_rag,
+                "plain": plain,
+                "graft_vs_plain": graft["ttft"] / plain["ttft"],
+                "text_rag_vs_graft": text_rag["ttft"] / graft["ttft"],
+                "bytes_per_token": len(payload) / n,
+                "f16_bound_per_token": bound,
+            }
+        )
+    backend.reset()
+    return rows
+
+
+def exactness_sweep(
+    engine: GraftEngine, *, n_cases: int = 40, seed: int = 0, max_prefix: int | None = None
+) -> list[dict[str, Any]]:
+    """Bitwise restore checks over a seeded sample of (prefix, query) lengths."""
+    backend = engine.backend
+    stream = backend.tokenize(_TEXT, add_bos=True)
+    query_stream = backend.tokenize(_QUERY * 3, add_bos=False)
+    top = min(max_prefix or backend.n_ctx - 64, len(stream), backend.n_ctx - 64)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_cases):
+        n, q = rng.randrange(16, top), rng.randrange(1, 41)
+        backend.reset()
+        backend.prefill(stream[:n])
+        payload = backend.capture_state()
+        reference = backend.prefill(query_stream[:q])
+        backend.restore_state(payload, n)
+        grafted = backend.prefill(query_stream[:q])
+        equal = bool(np.array_equal(reference, grafted))
+        diff = 0.0 if equal else float(np.max(np.abs(reference - grafted)))
+        out.append({"prefix_tokens": n, "query_tokens": q, "exact": equal, "max_diff": diff})
+    backend.reset()
+    return out

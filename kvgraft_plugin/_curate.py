@@ -1,0 +1,96 @@
+"""``kvgraft curate``: stash the frozen model's own verified solutions as library entries.
+
+Each problem is sampled up to N times with the plain template (no library), one fixed seed per attempt.
+The first answer the checker accepts against the known answer becomes the entry's solution. A problem
+solved once, at whatever cost, is then answered by a graft every time after.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ._checks import Checker
+from ._engine import GraftEngine
+from ._exceptions import SourceError
+from ._state import atomic_write
+from ._template import Entry
+
+__all__ = ["CurateReport", "curate", "read_problems"]
+
+
+@dataclass
+class CurateReport:
+    """Per problem: attempts made, successes, tokens spent, and whether an entry was written."""
+
+    id: str
+    attempts: int
+    successes: int
+    decode_tokens: int
+    prefill_tokens: int
+    kept: bool
+
+
+def read_problems(path: str | Path) -> list[dict[str, Any]]:
+    """``{"id", "problem", "answer"}`` per line; errors name the line."""
+    rows = []
+    for lineno, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise SourceError(f"{path}:{lineno}: {exc}") from exc
+        if not (
+            isinstance(row, dict)
+            and all(isinstance(row.get(k), str) and row[k].strip() for k in ("id", "problem", "answer"))
+        ):
+            raise SourceError(f'{path}:{lineno}: expected {{"id", "problem", "answer"}} strings')
+        rows.append(row)
+    return rows
+
+
+def curate(
+    engine: GraftEngine,
+    problems: list[dict[str, Any]],
+    out: Path,
+    *,
+    attempts: int,
+    temperature: float,
+    checker: Checker,
+    stop_at_first: bool = True,
+    progress: Callable[[int], Any] | None = None,
+) -> list[CurateReport]:
+    """Sample, verify, and write a library source of the verified solutions to ``out``."""
+    entries: list[Entry] = []
+    reports: list[CurateReport] = []
+    for problem in problems:
+        question = {**problem, "question": problem["problem"]}
+        kept: str | None = None
+        report = CurateReport(problem["id"], 0, 0, 0, 0, False)
+        for attempt in range(attempts):
+            result = engine.ask(problem["problem"], mode="plain", temperature=temperature, seed=attempt)
+            report.attempts += 1
+            report.decode_tokens += result.decode_tokens
+            report.prefill_tokens += result.prefill_tokens
+            if checker(question, result.text):
+                report.successes += 1
+                kept = kept or result.text
+                if stop_at_first:
+                    break
+        if kept is not None:
+            entries.append(Entry(problem["id"], problem["problem"], kept, problem["answer"], ("curated",)))
+            report.kept = True
+        reports.append(report)
+        if progress is not None:
+            progress(1)
+    atomic_write(out, "".join(json.dumps(e.to_json(), ensure_ascii=False) + "\n" for e in entries))
+    return reports
+
+
+def report_rows(reports: list[CurateReport]) -> list[dict[str, Any]]:
+    """Reports as JSON rows."""
+    return [asdict(r) for r in reports]
