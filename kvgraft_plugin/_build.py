@@ -105,6 +105,8 @@ def build_library(
         library.fingerprint = fingerprint
         library.model = _model_record(engine)
         (path / "states").mkdir(parents=True, exist_ok=True)
+        for stale in [*path.glob(".*.tmp"), *(path / "states").glob(".*.tmp")]:
+            stale.unlink(missing_ok=True)  # left by a build killed mid-write; never part of the library
 
         if prune:
             keep = {e.id for e in wanted}

@@ -13,15 +13,32 @@ from kvgraft_plugin._curate import curate
 from kvgraft_plugin._library import read_source
 from kvgraft_plugin.cli import main
 
-ROW_KEYS = {"id", "mode", "route", "entry_id", "score", "fallback_reason", "text", "answer_extracted", "correct",
-            "prefill_tokens", "restored_tokens", "decode_tokens", "ttft_ms", "total_ms"}
+ROW_KEYS = {
+    "id",
+    "mode",
+    "route",
+    "entry_id",
+    "score",
+    "fallback_reason",
+    "text",
+    "answer_extracted",
+    "correct",
+    "prefill_tokens",
+    "restored_tokens",
+    "decode_tokens",
+    "ttft_ms",
+    "total_ms",
+}
 QUERIES = [
     {"id": "q1", "question": "What is 17 times 23?", "answer": "391", "expect_entry": "mul-17x23"},
     {"id": "q2", "question": "Find the GCD of 84 and 126.", "answer": "42", "expect_entry": "gcd-84-126"},
     {"id": "q3", "question": "What is 17 times 24?", "answer": "408", "expect_entry": None},
     {"id": "q4", "question": "What is the capital of France?", "expect_entry": None},
-    {"id": "q5", "question": "Starting from 27, how many steps does the Collatz process take to reach 1?",
-     "answer": "111"},
+    {
+        "id": "q5",
+        "question": "Starting from 27, how many steps does the Collatz process take to reach 1?",
+        "answer": "111",
+    },
 ]
 
 
@@ -41,8 +58,17 @@ def test_bench_writes_every_artifact(bench_out):
     assert len(rows) == len(QUERIES) * 3 and all(set(r) >= ROW_KEYS for r in rows)
     assert set(summary["modes"]) == {"plain", "text-rag", "graft"}
     for mode in summary["modes"].values():
-        assert {"n", "correct", "accuracy", "ttft_ms_median", "ttft_ms_mean", "total_ms_median", "prefill_tokens",
-                "restored_tokens", "decode_tokens"} <= set(mode)
+        assert {
+            "n",
+            "correct",
+            "accuracy",
+            "ttft_ms_median",
+            "ttft_ms_mean",
+            "total_ms_median",
+            "prefill_tokens",
+            "restored_tokens",
+            "decode_tokens",
+        } <= set(mode)
     assert {"identical_rate", "n_grafted", "retrieval", "plots", "machine", "config"} <= set(summary)
     assert json.loads((out / "summary.json").read_text())["n_grafted"] == summary["n_grafted"]
     assert "| graft |" in (out / "summary.md").read_text()
@@ -73,9 +99,23 @@ def test_bench_cli_with_a_custom_checker(small_library, tmp_path):
     queries.write_text("".join(json.dumps(q) + "\n" for q in QUERIES[:2]))
     result = CliRunner().invoke(
         main,
-        ["bench", "--library", str(small_library), "--queries", str(queries), "--modes", "plain,graft", "--out",
-         str(tmp_path / "out"), "--max-tokens", "8", "--n-threads", "2", "--checker",
-         "tests.integration.test_bench_curate:always_true"],
+        [
+            "bench",
+            "--library",
+            str(small_library),
+            "--queries",
+            str(queries),
+            "--modes",
+            "plain,graft",
+            "--out",
+            str(tmp_path / "out"),
+            "--max-tokens",
+            "8",
+            "--n-threads",
+            "2",
+            "--checker",
+            "tests.integration.test_bench_curate:always_true",
+        ],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
