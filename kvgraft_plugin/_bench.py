@@ -120,11 +120,11 @@ def _summary(
     graft_results = by_mode.get("graft", {})
     hits = wrong = 0
     for q in labelled:
-        result = graft_results.get(q["id"])
-        if result is None:
+        routed = graft_results.get(q["id"])
+        if routed is None:
             continue
-        hits += result.entry_id == q["expect_entry"]
-        wrong += result.route == "graft" and result.entry_id != q["expect_entry"]
+        hits += routed.entry_id == q["expect_entry"]
+        wrong += routed.route == "graft" and routed.entry_id != q["expect_entry"]
 
     covered = [q["id"] for q in queries if q.get("expect_entry")]
     tokens: dict[str, Any] = {"plain_max_tokens": max_tokens or engine.config.max_tokens, "covered": len(covered)}
@@ -225,7 +225,8 @@ def _plots(rows: list[dict[str, Any]], modes: list[str], out: Path) -> list[str]
     for mode, colour in (("text-rag", "#d9822b"), ("graft", "#2b7bd9")):
         pts = [(r["prefix_tokens"], r["ttft_ms"]) for r in rows if r["mode"] == mode and r["entry_id"]]
         if pts:
-            ax.scatter(*zip(*pts), label=mode, color=colour, s=14)
+            xs, ys = zip(*pts)
+            ax.scatter(xs, ys, label=mode, color=colour, s=14)
     ax.set_xlabel("prompt tokens (restored + prefilled)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT against prefix length")
