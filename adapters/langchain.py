@@ -376,8 +376,7 @@ class KVGraftRetriever(BaseRetriever):
                     from .._exceptions import SignatureError
 
                     raise SignatureError(f"library {library.path} refused: {library.untrusted_reason}")
-                stored = library.embedder.get("name", "")
-                embedder = Embedder(self.embedder or (None if stored.startswith("bundled:") else stored or None))
+                embedder = Embedder.for_library(library, self.embedder)
                 index = open_index(library, embedder)
                 self._search = (library, lambda q, k: index.search(embedder.encode([q])[0], k))
         return self._search

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._build import restore_diff
 from ._engine import GraftEngine
 from ._template import render_query
 from .adapters.llama_cpp import LlamaBackend
@@ -118,12 +119,7 @@ def exactness_sweep(
         n, q = rng.randrange(16, top), rng.randrange(1, 41)
         backend.reset()
         backend.prefill(stream[:n])
-        payload = backend.capture_state()
-        reference = backend.prefill(query_stream[:q])
-        backend.restore_state(payload, n)
-        grafted = backend.prefill(query_stream[:q])
-        equal = bool(np.array_equal(reference, grafted))
-        diff = 0.0 if equal else float(np.max(np.abs(reference - grafted)))
-        out.append({"prefix_tokens": n, "query_tokens": q, "exact": equal, "max_diff": diff})
+        diff = restore_diff(backend, stream[:n], backend.capture_state(), query_stream[:q], prefilled=True)
+        out.append({"prefix_tokens": n, "query_tokens": q, "exact": diff == 0.0, "max_diff": diff})
     backend.reset()
     return out

@@ -26,8 +26,9 @@ from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256
 from ._models import bundled_model_path
 from ._state import atomic_write, encode_state
 from ._template import Entry, render_query
+from .adapters.llama_cpp import LlamaBackend
 
-__all__ = ["BuildReport", "build_library", "capture_entry"]
+__all__ = ["BuildReport", "build_library", "capture_entry", "restore_diff"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,32 @@ class BuildReport:
     inexact: list[str] = field(default_factory=list)
 
 
+def restore_diff(
+    backend: LlamaBackend, tokens: list[int], payload: Any, probe: list[int], *, prefilled: bool = False
+) -> float:
+    """Max |logit diff| between prefill(tokens) + probe and restore(payload) + probe; 0.0 when bitwise equal.
+
+    The reference is always a fresh prefill (``prefilled=True``: the backend holds exactly ``tokens``,
+    freshly prefilled, as right after a capture). Nothing is rolled back on a sliding-window cache.
+    """
+    if not prefilled:
+        backend.reset()
+        backend.prefill(tokens)
+    reference = backend.prefill(probe)
+    backend.restore_state(payload, len(tokens))
+    grafted = backend.prefill(probe)
+    backend.reset()
+    if np.array_equal(reference, grafted):
+        return 0.0
+    diff = float(np.max(np.abs(reference - grafted)))
+    return diff if diff > 0 else float("nan")  # unequal but no finite gap: NaNs, never "exact"
+
+
 def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearray, float]:
     """Prefill ``entry``'s prefix, capture its state and check a restore bitwise.
 
     Returns (prefix tokens, sequence-framed state, max |logit diff| of the probe: 0.0 when exact).
-    Every reference is a fresh prefill: nothing is rolled back on a sliding-window cache.
+    The probe is the entry's own problem as a query, the likeliest question it will serve.
     """
     backend = engine.backend
     tokens = engine.prefix_tokens(entry)
@@ -57,13 +79,7 @@ def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearr
     backend.reset()
     backend.prefill(tokens)
     payload = backend.capture_state()
-    reference = backend.prefill(probe)
-    backend.restore_state(payload, len(tokens))
-    grafted = backend.prefill(probe)
-    backend.reset()
-    if np.array_equal(reference, grafted):
-        return tokens, payload, 0.0
-    return tokens, payload, float(np.max(np.abs(reference - grafted)))
+    return tokens, payload, restore_diff(backend, tokens, payload, probe, prefilled=True)
 
 
 def build_library(

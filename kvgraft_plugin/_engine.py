@@ -172,11 +172,7 @@ class GraftEngine:
     def embedder(self) -> Embedder:
         """The sentence-transformers model, loaded on first use."""
         if self._embedder is None:
-            name = self.config.embedder
-            if name is None and self.library is not None and self.library.embedder.get("name"):
-                stored = self.library.embedder["name"]
-                name = None if stored.startswith("bundled:") else stored
-            self._embedder = Embedder(name)
+            self._embedder = Embedder.for_library(self.library, self.config.embedder)
         return self._embedder
 
     @property

@@ -50,6 +50,14 @@ class Embedder:
         self.files_sha256 = _dir_sha256(path) if path.is_dir() else ""
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_library(cls, library: Library | None, name_or_path: str | Path | None = None) -> Embedder:
+        """``name_or_path`` if given, else the embedder the library was indexed with."""
+        if name_or_path is None and library is not None:
+            stored = library.embedder.get("name") or ""
+            name_or_path = None if not stored or stored.startswith("bundled:") else stored
+        return cls(name_or_path)
+
     @property
     def identity(self) -> dict[str, Any]:
         """What the index records and checks: a different embedder would route to wrong entries."""

@@ -6,8 +6,6 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from ._engine import GraftEngine
 from ._exceptions import KVGraftError, StateError
 from ._library import fingerprint_sha256
@@ -69,14 +67,8 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
 
 
 def _fidelity(engine: GraftEngine, tokens: list[int], payload: Any, problem: str) -> str | None:
-    backend = engine.backend
-    probe = backend.tokenize(render_query(problem), add_bos=False)
-    backend.reset()
-    backend.prefill(tokens)
-    reference = backend.prefill(probe)
-    backend.restore_state(payload, len(tokens))
-    grafted = backend.prefill(probe)
-    backend.reset()
-    if np.array_equal(reference, grafted):
-        return None
-    return f"max |diff| {float(np.max(np.abs(reference - grafted))):.4g}"
+    from ._build import restore_diff
+
+    probe = engine.backend.tokenize(render_query(problem), add_bos=False)
+    diff = restore_diff(engine.backend, tokens, payload, probe)
+    return None if diff == 0.0 else f"max |diff| {diff:.4g}"
