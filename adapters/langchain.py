@@ -145,7 +145,7 @@ class _KVGraftMixin(BaseModel):
         return self._engine
 
     def _stream_result(
-        self, question: str, stop: list[str] | None, run_manager: Any, **kwargs: Any
+        self, question: str, stop: list[str] | None, **kwargs: Any
     ) -> Iterator[tuple[str, GraftResult | None]]:
         engine = self._get_engine()
         stops = stop if stop is not None else self.stop
@@ -245,7 +245,7 @@ class ChatKVGraft(_KVGraftMixin, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         question, system, history = _split_messages(messages)
-        for text, result in self._stream_result(question, stop, run_manager, system=system, history=history, **kwargs):
+        for text, result in self._stream_result(question, stop, system=system, history=history, **kwargs):
             if result is None:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=text))
                 if run_manager:
@@ -305,7 +305,7 @@ class KVGraftLLM(_KVGraftMixin, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        for text, result in self._stream_result(prompt, stop, run_manager, **kwargs):
+        for text, result in self._stream_result(prompt, stop, **kwargs):
             if result is None:
                 chunk = GenerationChunk(text=text)
                 if run_manager:

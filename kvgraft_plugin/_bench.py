@@ -140,8 +140,8 @@ def _summary(
         "n_grafted": n_grafted,
         "retrieval": {"labelled": len(labelled), "hits": hits, "wrong_grafts": wrong},
         "decode_tokens_on_covered": tokens,
-        "machine": f"{platform.machine()} {platform.processor() or ''} {_cpu_name()}, "
-        f"{engine.config.llama.n_threads} threads".strip(),
+        "machine": " ".join(x for x in (platform.machine(), _cpu_name()) if x)
+        + f", {engine.config.llama.n_threads} threads",
         "config": {
             "model": engine.backend.model_path.name,
             "library": str(engine.library.path) if engine.library else None,
