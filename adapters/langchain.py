@@ -2,7 +2,7 @@
 
 They follow the partner packages (langchain-ollama): pydantic fields with docstrings, the loaded engine
 in a private attribute, stream-first generation that calls ``on_llm_new_token``, and async through
-LangChain's executor defaults (the engine is synchronous, and serialises requests on its context).
+LangChain's executor defaults (the engine runs requests one at a time on its worker thread).
 
 Construction: ``ChatKVGraft(library="lib/")`` with any llama.cpp or routing setting, or
 ``ChatKVGraft(engine=engine)`` to share an engine that is already loaded. Instances created from a

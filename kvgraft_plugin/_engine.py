@@ -4,20 +4,24 @@
 classes) goes through it. Each step is one call into its layer: `Embedder`/`VectorIndex` (match),
 `Library` (checked state bytes), `LlamaBackend` (restore, prefill, decode).
 
-Thread safety: one engine owns one llama.cpp context, and a lock serialises whole requests
-on it (a request holds the context from its first prefill to its last decoded token). Concurrent
-callers therefore get exactly the outputs they would get serially. Run one engine per worker for
-parallel throughput.
+Thread safety: one engine owns one llama.cpp context and one worker thread. Every request runs on that
+thread, whole and in arrival order, and streams its text back through a queue. Concurrent callers
+therefore get exactly the outputs they would get serially, and llama.cpp's and torch's OpenMP pools
+always run on the same thread: calling them from many threads left idle pools spinning and cost 39%
+of throughput here. An abandoned stream is cancelled at its next token. Run one engine per process
+for parallel throughput.
 """
 
 from __future__ import annotations
 
 import codecs
 import logging
+import queue
 import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -132,11 +136,15 @@ class GraftEngine:
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         self._embedder: Embedder | None = None
         self._index: VectorIndex | None = None
-        self._lock = threading.Lock()  # not an RLock: an async stream resumes on other threads
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgraft")
         self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
         if self.library is not None and self.library.trusted and self.library.entries:
-            self.embedder.encode(["warm-up"])  # load torch and the index now, not in the first TTFT
-            _ = self.index
+            self._worker.submit(self._warm_up).result()
+
+    def _warm_up(self) -> None:
+        """Load torch, the embedder and the index now, on the worker thread, not in the first TTFT."""
+        self.embedder.encode(["warm-up"])
+        _ = self.index
 
     # -- setup ----------------------------------------------------------------------------------------
 
@@ -201,10 +209,14 @@ class GraftEngine:
     def search(self, question: str, k: int | None = None) -> list[Hit]:
         """The ``k`` library entries nearest to ``question``, best first (no threshold applied)."""
         _check_question(question)
-        index = self.index
-        if index is None:
-            return []
-        return index.search(self.embedder.encode([question])[0], k or self.config.top_k)
+
+        def run() -> list[Hit]:
+            index = self.index
+            if index is None:
+                return []
+            return index.search(self.embedder.encode([question])[0], k or self.config.top_k)
+
+        return self._worker.submit(run).result()
 
     def ask(self, question: str, **kwargs: Any) -> GraftResult:
         """Answer ``question``; keyword arguments as for `stream`."""
@@ -240,26 +252,52 @@ class GraftEngine:
         budget = max_tokens if max_tokens is not None else self.config.max_tokens
         if budget < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {budget}")
-        with self._lock:
-            start = time.perf_counter()
-            phases: dict[str, float] = {}
-            suffix = self.backend.tokenize(render_query(question, system=system, history=history), add_bos=False)
-            plan = self._plan(question, suffix, mode, entry_id, budget, phases)
-            logits = self._prefill(plan, phases)
-            prefill_tokens = len(plan.tokens)
-            yield from self._decode(
-                plan,
-                logits,
-                start=start,
-                phases=phases,
-                prefill_tokens=prefill_tokens,
-                max_tokens=budget,
-                temperature=self.config.temperature if temperature is None else temperature,
-                stop=tuple(self.config.stop if stop is None else stop),
-                seed=self.config.llama.seed if seed is None else seed,
-            )
+        settings = {
+            "max_tokens": budget,
+            "temperature": self.config.temperature if temperature is None else temperature,
+            "stop": tuple(self.config.stop if stop is None else stop),
+            "seed": self.config.llama.seed if seed is None else seed,
+        }
+        chunks: queue.SimpleQueue[GraftChunk | BaseException | None] = queue.SimpleQueue()
+        cancel = threading.Event()
+
+        def produce() -> None:
+            try:
+                for chunk in self._run(question, mode, entry_id, system, history, cancel, **settings):
+                    chunks.put(chunk)
+            except BaseException as exc:  # handed to the caller's thread, raised there
+                chunks.put(exc)
+            finally:
+                chunks.put(None)
+
+        self._worker.submit(produce)
+        try:
+            while (item := chunks.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()
 
     # -- the data path ----------------------------------------------------------------------------------
+
+    def _run(
+        self,
+        question: str,
+        mode: str,
+        entry_id: str | None,
+        system: str | None,
+        history: Sequence[tuple[str, str]],
+        cancel: threading.Event,
+        **settings: Any,
+    ) -> Iterator[GraftChunk]:
+        """One request, on the worker thread: route, restore or prefill, decode."""
+        start = time.perf_counter()
+        phases: dict[str, float] = {}
+        suffix = self.backend.tokenize(render_query(question, system=system, history=history), add_bos=False)
+        plan = self._plan(question, suffix, mode, entry_id, settings["max_tokens"], phases)
+        logits = self._prefill(plan, phases)
+        yield from self._decode(plan, logits, start=start, phases=phases, cancel=cancel, **settings)
 
     def _plan(
         self, question: str, suffix: list[int], mode: str, entry_id: str | None, budget: int, phases: dict[str, float]
@@ -381,7 +419,7 @@ class GraftEngine:
         *,
         start: float,
         phases: dict[str, float],
-        prefill_tokens: int,
+        cancel: threading.Event,
         max_tokens: int,
         temperature: float,
         stop: tuple[str, ...],
@@ -394,7 +432,7 @@ class GraftEngine:
         text, final, emitted, n_decoded, ttft = "", "", 0, 0, 0.0
         finish = "length"
         t_first = time.perf_counter()
-        while n_decoded < max_tokens and backend.n_past < backend.n_ctx:
+        while n_decoded < max_tokens and backend.n_past < backend.n_ctx and not cancel.is_set():
             token = _sample(logits, temperature, rng)
             n_decoded += 1
             if n_decoded == 1:
@@ -434,7 +472,7 @@ class GraftEngine:
                 entry_id=record.id if record else None,
                 score=plan.score if record else None,
                 fallback_reason=plan.reason,
-                prefill_tokens=prefill_tokens,
+                prefill_tokens=len(plan.tokens),
                 restored_tokens=len(plan.state.tokens) if plan.state is not None else 0,
                 decode_tokens=n_decoded,
                 ttft_ms=ttft,
@@ -445,9 +483,9 @@ class GraftEngine:
         )
 
     def close(self) -> None:
-        """Free the llama.cpp context and model."""
-        with self._lock:
-            self.backend.close()
+        """Finish queued requests, then free the llama.cpp context and model."""
+        self._worker.submit(self.backend.close).result()
+        self._worker.shutdown()
 
     def __enter__(self) -> GraftEngine:
         return self
