@@ -344,7 +344,7 @@ class GraftEngine:
                         plain, f"{record.id} (score {score:.3f}) lacks the query's numbers {sorted(extra)}"
                     )
 
-        text_rag = _Plan("text-rag", self._record_tokens(record) + suffix, len(suffix), record, score=score)
+        text_rag = _Plan("text-rag", self.prefix_tokens(record) + suffix, len(suffix), record, score=score)
         if len(text_rag.tokens) + budget > self.backend.n_ctx:
             plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
             plain.score = score
@@ -355,7 +355,9 @@ class GraftEngine:
         # the state: checked before its first use in this process, then cached
         t0 = time.perf_counter()
         try:
-            state = library.load_state(record, self.fingerprint, self.state_cache, self._validate_payload)
+            state = library.load_state(
+                record, self.fingerprint, self.state_cache, lambda state: self._validate_payload(state, record)
+            )
         except FileNotFoundError:
             text_rag.reason = f"missing: state file of {record.id} not found"
             return text_rag
@@ -367,23 +369,19 @@ class GraftEngine:
             phases["check"] = _ms(t0, time.perf_counter())
         return _Plan("graft", suffix, len(suffix), record, state, score)
 
-    def _record_tokens(self, record: EntryRecord) -> list[int]:
-        """The entry's prefix ids: from the manifest when they were made by this model and template."""
-        fingerprint = self.library.fingerprint if self.library is not None else {}
-        if fingerprint.get("gguf_sha256") == self.model_sha256 and fingerprint.get("template") == TEMPLATE_VERSION:
-            return list(record.tokens)
-        return self.prefix_tokens(record)
-
     def _no_match(self, plain: _Plan, message: str) -> _Plan:
         if self.config.fallback == "raise":
             raise NoMatchError(f"no library entry matches: {message}")
         plain.reason = f"no-match: {message}"
         return plain
 
-    def _validate_payload(self, state: SavedState) -> None:
-        """Structural check of a state's llama.cpp bytes, made once before it is cached."""
+    def _validate_payload(self, state: SavedState, record: EntryRecord) -> None:
+        """Checks made once per process before a state is cached: its ids are exactly the ids text RAG
+        would feed for the entry, and its llama.cpp bytes are well formed for this runtime."""
         from ._exceptions import IncompatibleStateError, IntegrityError
 
+        if list(state.tokens) != self.prefix_tokens(record):
+            raise IntegrityError(f"state of {record.id!r} holds other token ids than its text renders to")
         info = inspect_seq_state(state.payload)
         if info.n_tokens != len(state.tokens):
             raise IntegrityError(f"state holds {info.n_tokens} positions for {len(state.tokens)} tokens")

@@ -392,6 +392,8 @@ class Library:
         check_fingerprint(state.fingerprint, runtime_fingerprint)
         if state.entry_id != record.id or state.tokens != record.tokens:
             raise IntegrityError(f"state file {record.state_file} does not belong to entry {record.id!r}")
+        if source_sha256(record.entry) != record.source_sha256:
+            raise IntegrityError(f"the text of entry {record.id!r} changed after its state was built")
         if validate is not None:
             validate(state)
         if cache is not None:

@@ -45,7 +45,12 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
             path = library.path / record.state_file
             if path.is_file() and hashlib.sha256(read_file(path)).hexdigest() != record.state_sha256:
                 raise StateError("state file does not match its sha256 in the manifest")
-            state = library.load_state(record, engine.fingerprint, None, engine._validate_payload)
+            state = library.load_state(
+                record,
+                engine.fingerprint,
+                None,
+                lambda state: engine._validate_payload(state, record),  # noqa: B023
+            )
             if fidelity:
                 diff = _fidelity(engine, list(record.tokens), state.payload, record.entry.problem)
                 if diff is not None:

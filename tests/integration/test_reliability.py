@@ -110,6 +110,21 @@ def _other_entry_file(lib):
     shutil.copy(lib / data["entries"]["hex-ff"]["state_file"], lib / data["entries"][ENTRY]["state_file"])
 
 
+def _flip_manifest_digest(lib):
+    """One character of the manifest's digest for the entry: still valid JSON, no longer the file's."""
+    data = _manifest(lib)
+    digest = data["entries"][ENTRY]["state_digest"]
+    data["entries"][ENTRY]["state_digest"] = ("1" if digest[0] != "1" else "2") + digest[1:]
+    _write_manifest(lib, data)
+
+
+def _flip_manifest_tokens(lib):
+    """A prefix token id changed in the manifest: the state's header no longer matches it."""
+    data = _manifest(lib)
+    data["entries"][ENTRY]["tokens"][3] += 1
+    _write_manifest(lib, data)
+
+
 def _fingerprint_field(field, value):
     def damage(lib):
         data = _manifest(lib)
@@ -128,6 +143,8 @@ FALLBACK_FAULTS = {
     "truncated": (_truncate, "integrity"),
     "empty-file": (_empty, "integrity"),
     "missing-file": (_missing, "missing"),
+    "flip-manifest-digest": (_flip_manifest_digest, "integrity"),
+    "flip-manifest-tokens": (_flip_manifest_tokens, "integrity"),
     "another-entry's-file": (_other_entry_file, "integrity"),
     "other-type_v": (_fingerprint_field("type_v", "q8_0"), "incompatible"),
     "other-flash_attn": (_fingerprint_field("flash_attn", True), "incompatible"),

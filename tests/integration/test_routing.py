@@ -164,3 +164,13 @@ def test_index_from_another_embedder_is_refused(small_library, gemma_path, tmp_p
     (lib / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexMismatchError, match="embedder"):
         GraftEngine(lib, model_path=str(gemma_path), n_threads=2)
+
+
+def test_hnsw_index_routes_like_flat(gemma, example_entries, tmp_path):
+    entries = [e for e in example_entries if e.id in ("mul-17x23", "hex-ff", "linear-eq", "factorial-7")]
+    build_library(tmp_path / "lib", entries, engine=gemma, index_kind="hnsw")
+    assert Library.open(tmp_path / "lib").index["kind"] == "hnsw"
+    with GraftEngine(tmp_path / "lib", model_path=str(gemma.backend.model_path), n_threads=2) as engine:
+        assert engine.index.kind == "hnsw"
+        assert engine.ask("Compute 17 multiplied by 23.", max_tokens=6).entry_id == "mul-17x23"
+        assert engine.ask("What is the capital of France?", max_tokens=2).route == "plain"
