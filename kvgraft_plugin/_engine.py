@@ -32,6 +32,8 @@ from ._config import KV_TYPES, EngineConfig, LlamaConfig, RouteMode
 from ._exceptions import (
     ConfigError,
     ContextOverflowError,
+    IncompatibleStateError,
+    IntegrityError,
     LibraryError,
     NoMatchError,
     QueryError,
@@ -255,7 +257,7 @@ class GraftEngine:
         settings = {
             "max_tokens": budget,
             "temperature": self.config.temperature if temperature is None else temperature,
-            "stop": tuple(self.config.stop if stop is None else stop),
+            "stop": tuple(s for s in (self.config.stop if stop is None else stop) if s),
             "seed": self.config.llama.seed if seed is None else seed,
         }
         chunks: queue.SimpleQueue[GraftChunk | BaseException | None] = queue.SimpleQueue()
@@ -322,16 +324,17 @@ class GraftEngine:
         if entry_id is not None:
             record = library.get(entry_id)
         else:
-            t0 = time.perf_counter()
             index = self.index
-            vector = self.embedder.encode([question])[0] if index is not None else None
+            if index is None:
+                return self._no_match(plain, "the library is empty")
+            t0 = time.perf_counter()
+            vector = self.embedder.encode([question])[0]
             t1 = time.perf_counter()
-            hits = index.search(vector, max(self.config.top_k, 2)) if index is not None and vector is not None else []
+            hits = index.search(vector, max(self.config.top_k, 2))
             phases["embed"] = _ms(t0, t1)
             phases["search"] = _ms(t1, time.perf_counter())
-            if not hits or hits[0].score < self.threshold:
-                best = f"best score {hits[0].score:.3f}" if hits else "empty library"
-                return self._no_match(plain, f"{best} < threshold {self.threshold:.3f}")
+            if hits[0].score < self.threshold:
+                return self._no_match(plain, f"best score {hits[0].score:.3f} < threshold {self.threshold:.3f}")
             if self.config.margin > 0 and len(hits) > 1 and hits[0].score - hits[1].score < self.config.margin:
                 return self._no_match(
                     plain, f"{hits[0].entry_id} and {hits[1].entry_id} are within margin {self.config.margin}"
@@ -344,13 +347,17 @@ class GraftEngine:
                         plain, f"{record.id} (score {score:.3f}) lacks the query's numbers {sorted(extra)}"
                     )
 
-        text_rag = _Plan("text-rag", self.prefix_tokens(record) + suffix, len(suffix), record, score=score)
-        if len(text_rag.tokens) + budget > self.backend.n_ctx:
+        if len(record.tokens) + len(suffix) + budget > self.backend.n_ctx:
             plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
-            plain.score = score
             return plain
+
+        def text_rag(reason: str | None = None) -> _Plan:
+            # rendered from the entry's text, so a damaged manifest or state cannot change the prompt
+            tokens = self.prefix_tokens(record) + suffix
+            return _Plan("text-rag", tokens, len(suffix), record, score=score, reason=reason)
+
         if mode == "text-rag":
-            return text_rag
+            return text_rag()
 
         # the state: checked before its first use in this process, then cached
         t0 = time.perf_counter()
@@ -359,12 +366,10 @@ class GraftEngine:
                 record, self.fingerprint, self.state_cache, lambda state: self._validate_payload(state, record)
             )
         except FileNotFoundError:
-            text_rag.reason = f"missing: state file of {record.id} not found"
-            return text_rag
+            return text_rag(f"missing: state file of {record.id} not found")
         except StateError as exc:
-            text_rag.reason = f"{exc.reason}: {exc}"
             logger.warning("entry %s falls back to text RAG: %s", record.id, exc)
-            return text_rag
+            return text_rag(f"{exc.reason}: {exc}")
         finally:
             phases["check"] = _ms(t0, time.perf_counter())
         return _Plan("graft", suffix, len(suffix), record, state, score)
@@ -378,8 +383,6 @@ class GraftEngine:
     def _validate_payload(self, state: SavedState, record: EntryRecord) -> None:
         """Checks made once per process before a state is cached: its ids are exactly the ids text RAG
         would feed for the entry, and its llama.cpp bytes are well formed for this runtime."""
-        from ._exceptions import IncompatibleStateError, IntegrityError
-
         if list(state.tokens) != self.prefix_tokens(record):
             raise IntegrityError(f"state of {record.id!r} holds other token ids than its text renders to")
         info = inspect_seq_state(state.payload)
