@@ -5,6 +5,7 @@ the closest entry, restores its cache bit for bit, prefills only the query and d
 identical to text RAG with the same entry, at a fraction of the time to first token.
 """
 
+from ._build import BuildReport, build_library
 from ._config import EngineConfig, LlamaConfig
 from ._engine import GraftChunk, GraftEngine, GraftResult
 from ._exceptions import (
@@ -34,6 +35,7 @@ __all__ = [
     "TEMPLATE_VERSION",
     "BackendError",
     "BaseStateCache",
+    "BuildReport",
     "ConfigError",
     "ContextOverflowError",
     "Embedder",
@@ -61,5 +63,6 @@ __all__ = [
     "StateError",
     "VectorIndex",
     "__version__",
+    "build_library",
     "read_source",
 ]

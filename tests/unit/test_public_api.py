@@ -7,6 +7,7 @@ def test_all_is_pinned():
             "TEMPLATE_VERSION",
             "BackendError",
             "BaseStateCache",
+            "BuildReport",
             "ConfigError",
             "ContextOverflowError",
             "Embedder",
@@ -34,6 +35,7 @@ def test_all_is_pinned():
             "StateError",
             "VectorIndex",
             "__version__",
+            "build_library",
             "read_source",
         ]
     )
