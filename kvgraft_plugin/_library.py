@@ -292,7 +292,7 @@ class Library:
             sig_path = path / SIGNATURE
             if not sig_path.is_file():
                 trusted, reason = False, "the library is not signed"
-            elif not hmac.compare_digest(sig_path.read_text().strip(), _hmac(key, raw)):
+            elif not hmac.compare_digest(sig_path.read_bytes().strip(), _hmac(key, raw).encode()):
                 trusted, reason = False, "the signature does not match the manifest"
         try:
             data = json.loads(raw.decode("utf-8"))

@@ -76,6 +76,8 @@ def test_signature_roundtrip_and_tamper(tmp_path):
     manifest.write_text(manifest.read_text().replace("0.5", "0.1"))
     reopened = Library.open(tmp_path, key=key)
     assert not reopened.trusted and "signature" in reopened.untrusted_reason
+    (tmp_path / "manifest.sig").write_bytes(b"\xff\xfe not hex")
+    assert not Library.open(tmp_path, key=key).trusted
     (tmp_path / "manifest.sig").unlink()
     assert Library.open(tmp_path, key=key).untrusted_reason == "the library is not signed"
 
