@@ -41,6 +41,12 @@ def llama_options(func: F) -> F:
         click.option("--type-k", type=click.Choice(sorted(KV_TYPES)), help="K cache type (default f16)."),
         click.option("--type-v", type=click.Choice(sorted(KV_TYPES)), help="V cache type (default f16)."),
         click.option("--flash-attn/--no-flash-attn", default=None, help="Flash attention (default off)."),
+        click.option(
+            "--swa-full/--no-swa-full",
+            default=None,
+            help="Full-size sliding-window cache (default on; off is faster past ~1k tokens, but "
+            "long entries then fail their bitwise check and fall back to text RAG).",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
