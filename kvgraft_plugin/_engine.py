@@ -153,12 +153,8 @@ class GraftEngine:
     def _resolve_model_path(self) -> Path:
         if self.config.llama.model_path:
             return Path(self.config.llama.model_path)
-        model = self.library.model if self.library is not None else {}
-        if model.get("bundled"):
-            return bundled_model_path(model["bundled"])
-        if model.get("path"):
-            return Path(model["path"])
-        return bundled_model_path()
+        remembered = remembered_model_path(self.library.model) if self.library is not None else None
+        return remembered or bundled_model_path()
 
     def _make_fingerprint(self) -> dict[str, Any]:
         """Everything that can change the KV bytes, their layout, or how later tokens are computed."""
@@ -496,6 +492,13 @@ class GraftEngine:
 
 
 # -- helpers --------------------------------------------------------------------------------------------
+
+
+def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
+    """The model a library was built with (its manifest's ``model`` record), on this machine."""
+    if model.get("bundled"):
+        return bundled_model_path(model["bundled"])
+    return Path(model["path"]) if model.get("path") else None
 
 
 def _apply_overrides(config: EngineConfig, overrides: Mapping[str, Any]) -> EngineConfig:

@@ -138,15 +138,18 @@ def build(
     from tqdm import tqdm
 
     from ._build import build_library
-    from ._engine import GraftEngine
+    from ._engine import GraftEngine, remembered_model_path
     from ._library import Library, read_source
 
     try:
         entries = read_source(source)
-        if options.get("model_path") is None and (Path(library) / "manifest.json").is_file():
-            remembered = Library.open(library).model
-            if remembered.get("bundled") is None and remembered.get("path"):
-                options["model_path"] = remembered["path"]
+        if (Path(library) / "manifest.json").is_file():  # a library remembers its model and embedder
+            existing = Library.open(library)
+            if options.get("model_path") is None and (path := remembered_model_path(existing.model)):
+                options["model_path"] = str(path)
+            stored = existing.embedder.get("name") or ""
+            if embedder is None and stored and not stored.startswith("bundled:"):
+                embedder = stored
         config = make_config(options, embedder=embedder)
         with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
             report = build_library(

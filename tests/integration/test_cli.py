@@ -126,3 +126,14 @@ def test_info(cli_library):
 def test_unknown_library_is_a_clean_error(tmp_path):
     result = run("ask", "--library", tmp_path, "hello")
     assert result.exit_code == 1 and "not a kvgraft library" in result.output
+
+
+def test_library_remembers_a_bundled_non_default_model(tmp_path, smol_path):
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "mul", "problem": "What is 17 times 23?", "solution": "391.", "answer": "391"}))
+    lib = tmp_path / "lib"
+    assert run("build", src, "--library", lib, "--model", smol_path, "--n-threads", 2).exit_code == 0
+    again = run("build", src, "--library", lib, "--n-threads", 2)
+    assert again.exit_code == 0 and "built 0, unchanged 1" in again.output
+    data = json.loads(run("info", "--library", lib, "--json").stdout)
+    assert data["model"]["bundled"] == "smollm2-135m" and data["fingerprint"]["arch"] == "llama"
