@@ -36,6 +36,8 @@ __all__ = ["LlamaBackend", "SeqStateInfo", "inspect_seq_state", "llama_cpp_versi
 
 logger = logging.getLogger(__name__)
 
+#: The llama-cpp-python release whose state byte layout `inspect_seq_state` and `capture_state` follow.
+PINNED_VERSION = "0.3.36"
 #: Magic that ``llama_state_seq_get_data`` writes before the sequence id (llama-context.cpp, io_magic).
 SEQ_STATE_MAGIC = 0xAF143CD8
 _SEQ_HEADER = struct.Struct("<Ii")
@@ -293,7 +295,14 @@ class LlamaBackend:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def capture_state(self) -> bytearray:
-        """The whole KV cache, every cell, in sequence framing for `restore_state`."""
+        """The whole KV cache, every cell, in sequence framing for `restore_state`.
+
+        Refused on another llama-cpp-python than `PINNED_VERSION`: the framing is that release's.
+        """
+        if llama_cpp_version() != PINNED_VERSION:
+            raise BackendError(
+                f"KV capture is written against llama-cpp-python {PINNED_VERSION}; {llama_cpp_version()} is installed"
+            )
         size = llama_cpp.llama_state_get_size(self._ctx)
         raw = bytearray(size)
         c_raw = (ctypes.c_uint8 * size).from_buffer(raw)

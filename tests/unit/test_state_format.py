@@ -125,3 +125,12 @@ def test_atomic_write_and_read(tmp_path):
     atomic_write(target, b"abc")
     assert read_file(target) == bytearray(b"abc")
     assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
+
+
+def test_capture_refuses_an_unpinned_llama_cpp_python(monkeypatch):
+    from kvgraft_plugin import BackendError
+    from kvgraft_plugin.adapters import llama_cpp as backend_module
+
+    monkeypatch.setattr(backend_module, "llama_cpp_version", lambda: "9.9.9")
+    with pytest.raises(BackendError, match="0.3.36"):
+        backend_module.LlamaBackend.capture_state(object())  # type: ignore[arg-type]
