@@ -41,7 +41,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("the LangChain adapter needs langchain-core: pip install 'kvgraft-plugin[langchain]'") from exc
 
-from .._config import EngineConfig, LlamaConfig
+from .._config import EngineConfig
 from .._engine import GraftEngine, GraftResult
 from .._exceptions import ConfigError
 
@@ -137,10 +137,7 @@ class _KVGraftMixin(BaseModel):
         if self.engine is not None:
             return self.engine  # type: ignore[no-any-return]
         if self._engine is None:
-            settings = {k: getattr(self, k) for k in _ENGINE_SETTINGS if getattr(self, k) is not None}
-            llama = {k: v for k, v in settings.items() if k in LlamaConfig.__dataclass_fields__}
-            rest = {k: v for k, v in settings.items() if k not in llama}
-            config = EngineConfig(llama=LlamaConfig(**llama), **rest)
+            config = EngineConfig().with_settings(**{k: getattr(self, k) for k in _ENGINE_SETTINGS})
             self._engine = shared_engine(self.library, config)
         return self._engine
 

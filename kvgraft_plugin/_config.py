@@ -129,3 +129,17 @@ class EngineConfig:
     def replace(self, **changes: Any) -> EngineConfig:
         """Return a copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+    def with_settings(self, **settings: Any) -> EngineConfig:
+        """Apply flat settings, each to `LlamaConfig` or `EngineConfig` by name; ``None`` keeps a default.
+
+        This is how the engine's keyword arguments, CLI options and LangChain fields become a config.
+        """
+        llama_names = {f.name for f in dataclasses.fields(LlamaConfig)}
+        engine_names = {f.name for f in dataclasses.fields(EngineConfig)} - {"llama"}
+        unknown = set(settings) - llama_names - engine_names
+        if unknown:
+            raise ConfigError(f"unknown settings: {sorted(unknown)}")
+        given = {k: v for k, v in settings.items() if v is not None}
+        llama = self.llama.replace(**{k: v for k, v in given.items() if k in llama_names})
+        return self.replace(llama=llama, **{k: v for k, v in given.items() if k in engine_names})

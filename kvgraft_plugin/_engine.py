@@ -125,7 +125,7 @@ class GraftEngine:
         state_cache: BaseStateCache | None = None,
         **overrides: Any,
     ) -> None:
-        self.config = _apply_overrides(config or EngineConfig(), overrides)
+        self.config = (config or EngineConfig()).with_settings(**overrides)
         key = load_key(self.config.key_file) if self.config.key_file else None
         if isinstance(library, Library) or library is None:
             self.library = library
@@ -499,21 +499,6 @@ def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
     if model.get("bundled"):
         return bundled_model_path(model["bundled"])
     return Path(model["path"]) if model.get("path") else None
-
-
-def _apply_overrides(config: EngineConfig, overrides: Mapping[str, Any]) -> EngineConfig:
-    llama_names = {f.name for f in fields(LlamaConfig)}
-    engine_names = {f.name for f in fields(EngineConfig)} - {"llama"}
-    unknown = set(overrides) - llama_names - engine_names
-    if unknown:
-        raise ConfigError(f"unknown settings: {sorted(unknown)}")
-    llama_changes = {k: v for k, v in overrides.items() if k in llama_names and v is not None}
-    engine_changes = {k: v for k, v in overrides.items() if k in engine_names and v is not None}
-    if "stop" in engine_changes:
-        stop = engine_changes["stop"]
-        engine_changes["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
-    llama = config.llama.replace(**llama_changes) if llama_changes else config.llama
-    return config.replace(llama=llama, **engine_changes)
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

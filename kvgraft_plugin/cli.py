@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._config import KV_TYPES, EngineConfig, LlamaConfig
+from ._config import KV_TYPES, EngineConfig
 from ._exceptions import KVGraftError, QueryError, SourceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,25 +71,10 @@ def routing_options(func: F) -> F:
     return func
 
 
-_LLAMA_FIELDS = {
-    "model_path",
-    "n_ctx",
-    "n_batch",
-    "n_ubatch",
-    "n_threads",
-    "n_gpu_layers",
-    "type_k",
-    "type_v",
-    "flash_attn",
-}
-
-
 def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
     """An `EngineConfig` from CLI options (``None`` means "default")."""
-    llama = {k: v for k, v in options.items() if k in _LLAMA_FIELDS and v is not None}
-    rest = {k: v for k, v in {**options, **engine}.items() if k not in _LLAMA_FIELDS and v is not None}
     try:
-        return EngineConfig(llama=LlamaConfig(**llama), **rest)
+        return EngineConfig().with_settings(**options, **engine)
     except KVGraftError as exc:
         raise _fail(exc) from exc
 

@@ -41,3 +41,13 @@ def test_quantized_v_needs_flash_attention():
 def test_replace_validates():
     with pytest.raises(ConfigError):
         EngineConfig().replace(top_k=-3)
+
+
+def test_with_settings_splits_flat_settings_and_keeps_defaults_for_none():
+    config = EngineConfig().with_settings(n_ctx=2048, type_k="q8_0", threshold=0.6, stop="END", top_k=None)
+    assert config.llama.n_ctx == 2048 and config.llama.type_k == "q8_0"
+    assert config.threshold == 0.6 and config.stop == ("END",) and config.top_k == 4
+    with pytest.raises(ConfigError, match="unknown settings"):
+        EngineConfig().with_settings(n_ctxx=1)
+    with pytest.raises(ConfigError):
+        EngineConfig().with_settings(n_batch=0)
