@@ -49,7 +49,7 @@ __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 
 _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
-    "swa_full", "seed", "embedder", "threshold", "margin", "top_k", "match_numbers", "fallback", "key_file",
+    "swa_full", "seed", "embedder", "threshold", "margin", "top_k", "guards", "fallback", "key_file",
 )  # fmt: skip
 _engines: dict[tuple[str, EngineConfig], GraftEngine] = {}
 _engines_lock = threading.Lock()
@@ -108,8 +108,8 @@ class _KVGraftMixin(BaseModel):
     """Required gap between the two best scores."""
     top_k: int | None = None
     """Neighbours searched."""
-    match_numbers: bool | None = None
-    """Refuse matches missing the query's numbers (default on)."""
+    guards: bool | None = None
+    """Run the router's structural guards: a similar problem with another answer never grafts (default on)."""
     key_file: str | None = None
     """HMAC key file: only a library signed with it is used."""
     temperature: float = 0.0

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._checks import Checker, default_check, extract_answer
+from ._checks import Checker, answers_match, default_check, extract_answer
 from ._engine import GraftEngine, GraftResult
 
 __all__ = ["MODES", "run_bench"]
@@ -118,13 +118,11 @@ def _summary(
 
     labelled = [q for q in queries if "expect_entry" in q]
     graft_results = by_mode.get("graft", {})
-    hits = wrong = 0
-    for q in labelled:
-        routed = graft_results.get(q["id"])
-        if routed is None:
-            continue
-        hits += routed.entry_id == q["expect_entry"]
-        wrong += routed.route == "graft" and routed.entry_id != q["expect_entry"]
+    hits = sum(1 for q in labelled if q["id"] in graft_results and graft_results[q["id"]].entry_id == q["expect_entry"])
+    for mode in modes:
+        per_mode[mode].update(routing_errors(engine, queries, by_mode[mode]))
+    if "graft" in by_mode:
+        per_mode["graft"]["by_kind"] = by_kind(engine, queries, by_mode["graft"], {r["id"]: r for r in rows if r["mode"] == "graft"})
 
     covered = [q["id"] for q in queries if q.get("expect_entry")]
     tokens: dict[str, Any] = {"plain_max_tokens": max_tokens or engine.config.max_tokens, "covered": len(covered)}
@@ -138,7 +136,12 @@ def _summary(
         "identical_rate": identical / n_grafted if n_grafted else None,
         "identical": identical,
         "n_grafted": n_grafted,
-        "retrieval": {"labelled": len(labelled), "hits": hits, "wrong_grafts": wrong},
+        "retrieval": {
+            "labelled": len(labelled),
+            "hits": hits,
+            "wrong_grafts": per_mode.get("graft", {}).get("wrong_grafts", 0),
+            "false_copies": per_mode.get("graft", {}).get("false_copies", 0),
+        },
         "decode_tokens_on_covered": tokens,
         "machine": " ".join(x for x in (platform.machine(), _cpu_name()) if x)
         + f", {engine.config.llama.n_threads} threads",
@@ -146,12 +149,69 @@ def _summary(
             "model": engine.backend.model_path.name,
             "library": str(engine.library.path) if engine.library else None,
             "threshold": engine.threshold,
-            "margin": engine.config.margin,
+            "margin": engine.margin,
             "top_k": engine.config.top_k,
             "max_tokens": max_tokens or engine.config.max_tokens,
             **{k: v for k, v in engine.fingerprint.items() if k not in ("system_info", "gguf_sha256")},
         },
     }
+
+
+def _expected(query: Mapping[str, Any]) -> str | None:
+    """The entry a query should use: ``expect_entry``; a near-miss or uncovered query expects none."""
+    return query.get("expect_entry")
+
+
+def _used_entry(result: GraftResult) -> str | None:
+    return result.entry_id if result.route in ("graft", "text-rag") else None
+
+
+def is_wrong_graft(query: Mapping[str, Any], result: GraftResult) -> bool:
+    """The answer was built on an entry the query does not ask about (any route that used one)."""
+    used = _used_entry(result)
+    return used is not None and "expect_entry" in query and used != _expected(query)
+
+
+def is_false_copy(engine: GraftEngine, query: Mapping[str, Any], result: GraftResult) -> bool:
+    """The answer is the used entry's verified answer, while the right answer differs: a confident copy."""
+    used = _used_entry(result)
+    if used is None or engine.library is None or query.get("answer") is None:
+        return False
+    entry_answer = engine.library.get(used).entry.answer
+    if entry_answer is None or answers_match(str(query["answer"]), entry_answer):
+        return False
+    return answers_match(extract_answer(result.text), entry_answer)
+
+
+def routing_errors(
+    engine: GraftEngine, queries: list[dict[str, Any]], results: Mapping[str, GraftResult]
+) -> dict[str, int]:
+    """``wrong_grafts`` and ``false_copies`` of one mode (see `is_wrong_graft`, `is_false_copy`)."""
+    return {
+        "wrong_grafts": sum(is_wrong_graft(q, results[q["id"]]) for q in queries),
+        "false_copies": sum(is_false_copy(engine, q, results[q["id"]]) for q in queries),
+    }
+
+
+def by_kind(
+    engine: GraftEngine,
+    queries: list[dict[str, Any]],
+    results: Mapping[str, GraftResult],
+    rows: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, int]]:
+    """Per query ``kind`` (``paraphrase/verbs``, ``near-miss/asked``...): routed right, grafted, wrong, correct."""
+    table: dict[str, dict[str, int]] = {}
+    for q in queries:
+        result = results[q["id"]]
+        kind = str(q.get("kind") or ("near-miss" if q.get("near_miss_of") else "covered" if q.get("expect_entry") else "uncovered"))
+        t = table.setdefault(kind, {"n": 0, "routed_right": 0, "grafted": 0, "wrong_grafts": 0, "false_copies": 0, "correct": 0})
+        t["n"] += 1
+        t["routed_right"] += _used_entry(result) == _expected(q) or (result.route == "plain" and _expected(q) is None)
+        t["grafted"] += result.route == "graft"
+        t["wrong_grafts"] += is_wrong_graft(q, result)
+        t["false_copies"] += is_false_copy(engine, q, result)
+        t["correct"] += bool(rows[q["id"]]["correct"])
+    return dict(sorted(table.items()))
 
 
 def _cpu_name() -> str:
@@ -191,8 +251,16 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         f"- Graft text identical to text-RAG text: {summary['identical']}/{summary['n_grafted']}"
         + (f" ({rate:.0%})" if rate is not None else ""),
         f"- Retrieval: {ret['hits']}/{ret['labelled']} labelled queries routed as expected; "
-        f"wrong-entry grafts: {ret['wrong_grafts']}",
+        f"wrong grafts: {ret['wrong_grafts']}; false copies: {ret['false_copies']}",
     ]
+    kinds = modes.get("graft", {}).get("by_kind")
+    if kinds:
+        lines += ["", "| kind (graft mode) | n | routed right | grafted | wrong grafts | false copies | correct |", "|---|---|---|---|---|---|---|"]
+        for kind, t in kinds.items():
+            lines.append(
+                f"| {kind} | {t['n']} | {t['routed_right']} | {t['grafted']} | {t['wrong_grafts']} "
+                f"| {t['false_copies']} | {t['correct']} |"
+            )
     if "reduction" in tok:
         lines.append(
             f"- Decode tokens on the {tok['covered']} covered queries: plain {tok['plain_decode']}, graft "

@@ -21,7 +21,7 @@ import numpy as np
 from ._checks import entry_problems
 from ._engine import GraftEngine
 from ._exceptions import ContextOverflowError, LibraryError, SourceError
-from ._index import IndexKind, VectorIndex
+from ._index import IndexKind, VectorIndex, geometry_threshold
 from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256
 from ._models import bundled_model_path
 from ._state import atomic_write, encode_state
@@ -159,9 +159,12 @@ def build_library(
             if progress is not None:
                 progress(1)
 
-        _update_index(library, engine, index_kind, rebuild_all=rebuild or bool(report.removed))
+        index = _update_index(library, engine, index_kind, rebuild_all=rebuild or bool(report.removed))
         if threshold is not None:
-            library.threshold = threshold
+            library.routing = {"threshold": threshold, "margin": 0.0, "source": "user"}
+        elif library.routing.get("source") not in ("calibrated", "user"):
+            library.routing = {"threshold": geometry_threshold(index), "margin": 0.0, "source": "geometry"}
+            logger.info("routing threshold %.3f derived from the entries' embeddings", library.threshold)
         library.save()
     return report
 
@@ -197,7 +200,9 @@ def _model_record(engine: GraftEngine) -> dict[str, Any]:
     return {"path": str(model_path), "sha256": engine.model_sha256, "bundled": bundled}
 
 
-def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool) -> None:
+def _update_index(
+    library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool
+) -> VectorIndex:
     """Add missing entries to the index; rebuild it when entries left or changed, or the embedder did."""
     embedder = engine.embedder
     kind = kind or library.index.get("kind") or "flat"
@@ -229,3 +234,4 @@ def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None,
     record["problems"] = indexed_problems
     library.index = record
     library.embedder = embedder.identity
+    return index

@@ -8,12 +8,11 @@ parse as numbers and are equal (so ``"391"`` matches ``"391.0"``).
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._exceptions import ConfigError
+from ._config import import_callable
 from ._template import Entry
 
 __all__ = ["Checker", "default_check", "entry_problems", "extract_answer", "load_checker", "normalize_answer"]
@@ -58,16 +57,7 @@ def load_checker(spec: str | None) -> Checker:
     """``module:function`` to a checker, or the default one."""
     if not spec:
         return default_check
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"--checker must look like module:function, got {spec!r}")
-    try:
-        func = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load checker {spec!r}: {exc}") from exc
-    if not callable(func):
-        raise ConfigError(f"checker {spec!r} is not callable")
-    return func  # type: ignore[no-any-return]
+    return import_callable(spec, "--checker")
 
 
 def entry_problems(entry: Entry) -> list[str]:

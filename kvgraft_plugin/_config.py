@@ -7,8 +7,10 @@ state fingerprint. `EngineConfig` adds routing and generation settings, which do
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
 from ._exceptions import ConfigError
@@ -20,6 +22,20 @@ FallbackPolicy = Literal["auto", "raise"]
 
 #: KV cache element types accepted for ``type_k`` / ``type_v``, with their ggml type ids.
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """``"module:function"`` to the function it names; `ConfigError` says what is wrong with it."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} must look like module:function, got {spec!r}")
+    try:
+        func = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {what} {spec!r}: {exc}") from exc
+    if not callable(func):
+        raise ConfigError(f"{what} {spec!r} is not callable")
+    return func  # type: ignore[no-any-return]
 
 
 def _default_threads() -> int:
@@ -89,10 +105,14 @@ class EngineConfig:
     """sentence-transformers model name or path. ``None`` uses the library's, then bundled MiniLM."""
     threshold: float | None = None
     """Minimum cosine similarity for an entry to be used. ``None``: the library's calibrated value."""
-    margin: float = 0.0
-    """Minimum gap between the best and second-best score (0 disables the check)."""
-    match_numbers: bool = True
-    """Refuse a match when the query has numbers the entry's problem lacks (embeddings barely see digits)."""
+    margin: float | None = None
+    """Minimum gap between a candidate's score and the best other entry's (0 disables the check).
+    ``None``: the library's (``kvgraft calibrate`` may set one), else 0."""
+    guards: bool = True
+    """Run the router's structural guards (numbers, code, terms, units, relations, asked quantity): a query
+    that shares an entry's words but asks another problem must not graft. Off: cosine similarity alone."""
+    match_check: str | Callable[..., bool] | None = None
+    """Optional hook ``match_check(question, entry, score) -> bool`` (or ``"module:function"``), run last."""
     top_k: int = 4
     """How many neighbours the index returns."""
     max_tokens: int = 64
@@ -111,7 +131,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
             raise ConfigError(f"threshold must be within [-1, 1], got {self.threshold}")
-        if not 0.0 <= self.margin <= 2.0:
+        if self.margin is not None and not 0.0 <= self.margin <= 2.0:
             raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
         if self.top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {self.top_k}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import codecs
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,10 +38,11 @@ from ._exceptions import (
     QueryError,
     StateError,
 )
-from ._index import Embedder, Hit, VectorIndex, open_index
+from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key
 from ._models import bundled_model_path, file_sha256
 from ._state import FORMAT_VERSION, SavedState
+from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
 from ._template import TEMPLATE_VERSION, render_entry, render_preamble, render_query
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
 
@@ -52,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 ROUTES = ("graft", "text-rag", "plain")
 FALLBACK_CODES = ("no-match", "integrity", "incompatible", "inexact", "too-long", "unsigned", "missing")
-DEFAULT_THRESHOLD = 0.55
 
 
 @dataclass
@@ -78,6 +77,8 @@ class GraftResult:
     """``"stop"`` (stop string), ``"eog"`` (end-of-generation token) or ``"length"``."""
     phases_ms: dict[str, float] = field(default_factory=dict)
     """embed, search, read, check, restore, prefill, first_token, decode."""
+    match: list[dict[str, Any]] = field(default_factory=list)
+    """The router's guard trail: every guard that ran, on which entry, and what it said."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object."""
@@ -103,6 +104,8 @@ class _Plan:
     state: SavedState | None = None
     score: float | None = None
     reason: str | None = None
+    trail: tuple[GuardVerdict, ...] = ()
+    """What the router's guards said (empty when the router was not asked)."""
 
 
 class GraftEngine:
@@ -138,6 +141,7 @@ class GraftEngine:
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         self._embedder: Embedder | None = None
         self._index: VectorIndex | None = None
+        self._router: Router | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgraft")
         self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
         if self.library is not None and self.library.trusted and self.library.entries:
@@ -189,13 +193,40 @@ class GraftEngine:
         return self._index
 
     @property
+    def router(self) -> Router | None:
+        """The router over the library's index (``None`` without a non-empty library)."""
+        index = self.index
+        if index is None or self.library is None:
+            return None
+        if self._router is None:
+            entries = {k: r.entry for k, r in self.library.entries.items()}
+            self._router = Router(
+                self.embedder.encode,
+                lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
+                entries,
+                threshold=self.threshold,
+                margin=self.margin,
+                top_k=self.config.top_k,
+                guards=DEFAULT_GUARDS if self.config.guards else (),
+                match_check=load_match_check(self.config.match_check),
+            )
+        return self._router
+
+    @property
+    def margin(self) -> float:
+        """The score margin in force: the config's, else the library's (0 = off)."""
+        if self.config.margin is not None:
+            return self.config.margin
+        return float(self.library.routing.get("margin") or 0.0) if self.library is not None else 0.0
+
+    @property
     def threshold(self) -> float:
-        """The similarity threshold in force: the config's, else the library's calibrated one."""
+        """The similarity threshold in force: the config's, else the library's (calibrated or derived at build)."""
         if self.config.threshold is not None:
             return self.config.threshold
         if self.library is not None and self.library.threshold is not None:
             return float(self.library.threshold)
-        return DEFAULT_THRESHOLD
+        return SINGLE_ENTRY_THRESHOLD
 
     def prefix_tokens(self, record_or_entry: Any) -> list[int]:
         """Token ids of the graft prefix (preamble + entry) for an entry."""
@@ -320,28 +351,15 @@ class GraftEngine:
         if entry_id is not None:
             record = library.get(entry_id)
         else:
-            index = self.index
-            if index is None:
+            router = self.router
+            if router is None:
                 return self._no_match(plain, "the library is empty")
-            t0 = time.perf_counter()
-            vector = self.embedder.encode([question])[0]
-            t1 = time.perf_counter()
-            hits = index.search(vector, max(self.config.top_k, 2))
-            phases["embed"] = _ms(t0, t1)
-            phases["search"] = _ms(t1, time.perf_counter())
-            if hits[0].score < self.threshold:
-                return self._no_match(plain, f"best score {hits[0].score:.3f} < threshold {self.threshold:.3f}")
-            if self.config.margin > 0 and len(hits) > 1 and hits[0].score - hits[1].score < self.config.margin:
-                return self._no_match(
-                    plain, f"{hits[0].entry_id} and {hits[1].entry_id} are within margin {self.config.margin}"
-                )
-            record, score = library.get(hits[0].entry_id), hits[0].score
-            if self.config.match_numbers:
-                extra = _numbers(question) - _numbers(record.entry.problem)
-                if extra:
-                    return self._no_match(
-                        plain, f"{record.id} (score {score:.3f}) lacks the query's numbers {sorted(extra)}"
-                    )
+            decision = router.route(question)
+            phases.update(decision.phases_ms)
+            plain.trail = decision.trail
+            if isinstance(decision, NoMatch):
+                return self._no_match(plain, decision.reason)
+            record, score = library.get(decision.entry_id), decision.score
 
         if len(record.tokens) + len(suffix) + budget > self.backend.n_ctx:
             plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
@@ -350,7 +368,7 @@ class GraftEngine:
         def text_rag(reason: str | None = None) -> _Plan:
             # rendered from the entry's text, so a damaged manifest or state cannot change the prompt
             tokens = self.prefix_tokens(record) + suffix
-            return _Plan("text-rag", tokens, len(suffix), record, score=score, reason=reason)
+            return _Plan("text-rag", tokens, len(suffix), record, score=score, reason=reason, trail=plain.trail)
 
         if mode == "text-rag":
             return text_rag()
@@ -368,7 +386,7 @@ class GraftEngine:
             return text_rag(f"{exc.reason}: {exc}")
         finally:
             phases["check"] = _ms(t0, time.perf_counter())
-        return _Plan("graft", suffix, len(suffix), record, state, score)
+        return _Plan("graft", suffix, len(suffix), record, state, score, trail=plain.trail)
 
     def _no_match(self, plain: _Plan, message: str) -> _Plan:
         if self.config.fallback == "raise":
@@ -476,6 +494,7 @@ class GraftEngine:
                 total_ms=_ms(start, end),
                 finish_reason=finish,
                 phases_ms={k: round(v, 3) for k, v in phases.items()},
+                match=[v.to_json() for v in plan.trail],
             ),
         )
 
@@ -499,14 +518,6 @@ def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
     if model.get("bundled"):
         return bundled_model_path(model["bundled"])
     return Path(model["path"]) if model.get("path") else None
-
-
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-
-
-def _numbers(text: str) -> set[str]:
-    """The numbers written in ``text``: an entry about 17 x 23 must not answer 17 x 24."""
-    return set(_NUMBER.findall(text.replace(",", "")))
 
 
 def _check_question(question: Any) -> None:

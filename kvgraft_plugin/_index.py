@@ -23,7 +23,7 @@ from ._state import atomic_write
 if TYPE_CHECKING:
     from ._library import Library
 
-__all__ = ["Embedder", "Hit", "IndexKind", "VectorIndex", "open_index"]
+__all__ = ["SINGLE_ENTRY_THRESHOLD", "Embedder", "Hit", "IndexKind", "VectorIndex", "geometry_threshold", "open_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,10 @@ class VectorIndex:
         scores, rows = self._index.search(vector.reshape(1, -1).astype(np.float32), min(k, len(self.ids)))
         return [Hit(self.ids[r], float(s)) for s, r in zip(scores[0], rows[0]) if r >= 0]
 
+    def vectors(self) -> np.ndarray:
+        """All rows, in id order (flat and HNSW indexes both keep them)."""
+        return np.asarray(self._index.reconstruct_n(0, len(self.ids)), dtype=np.float32)
+
     def save(self, folder: Path) -> dict[str, Any]:
         """Write ``index.faiss`` atomically; return its manifest record (kind, file, sha256, ids)."""
         import faiss
@@ -161,6 +165,28 @@ class VectorIndex:
         index._index = raw
         index.ids = list(record["ids"])
         return index
+
+
+#: Threshold of a library too small to have a geometry (fewer than two entries).
+SINGLE_ENTRY_THRESHOLD = 0.6
+GEOMETRY_BOUNDS = (0.5, 0.8)
+
+
+def geometry_threshold(index: VectorIndex) -> float:
+    """A routing threshold from the library's own geometry, used until ``kvgraft calibrate`` sets one.
+
+    Each entry's similarity to its nearest *other* entry says how alike the library's problems are: a
+    library of look-alike problems (code tasks, one kind of arithmetic) gets uncovered in-domain queries
+    that score high too. The threshold is the median of those nearest-neighbour similarities, kept within
+    `GEOMETRY_BOUNDS`; a library of one entry gets `SINGLE_ENTRY_THRESHOLD`.
+    """
+    if len(index) < 2:
+        return SINGLE_ENTRY_THRESHOLD
+    vectors = index.vectors()
+    sims = vectors @ vectors.T
+    np.fill_diagonal(sims, -np.inf)
+    low, high = GEOMETRY_BOUNDS
+    return round(float(np.clip(np.median(sims.max(axis=1)), low, high)), 4)
 
 
 def open_index(library: Library, embedder: Embedder) -> VectorIndex:

@@ -106,6 +106,21 @@ def fingerprint_sha256(fingerprint: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(dict(fingerprint), sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def _routing(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's routing record; a library from before it kept only ``threshold``."""
+    routing = data.get("routing")
+    if routing is None:
+        threshold = data.get("threshold")
+        return {} if threshold is None else {"threshold": threshold, "margin": 0.0, "source": "user"}
+    if not isinstance(routing, dict):
+        raise ValueError("'routing' must be an object")
+    for name in ("threshold", "margin"):
+        value = routing.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 2):
+            raise ValueError(f"routing {name} must be a number within [-1, 2], got {value!r}")
+    return dict(routing)
+
+
 # -- source files -------------------------------------------------------------------------------------
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -263,7 +278,9 @@ class Library:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     embedder: dict[str, Any] = field(default_factory=dict)
     index: dict[str, Any] = field(default_factory=dict)
-    threshold: float | None = None
+    routing: dict[str, Any] = field(default_factory=dict)
+    """``{"threshold", "margin", "source"}``: source is ``"geometry"`` (derived by build from the entries'
+    embeddings), ``"calibrated"`` (``kvgraft calibrate``) or ``"user"`` (``build --threshold``)."""
     entries: dict[str, EntryRecord] = field(default_factory=dict)
     trusted: bool = True
     """False when a key is configured and the signature is missing or wrong: nothing from it is used."""
@@ -305,7 +322,7 @@ class Library:
                 fingerprint=dict(data.get("fingerprint", {})),
                 embedder=dict(data.get("embedder", {})),
                 index=dict(data.get("index", {})),
-                threshold=data.get("threshold"),
+                routing=_routing(data),
                 entries=entries,
                 trusted=trusted,
                 untrusted_reason=reason,
@@ -326,9 +343,15 @@ class Library:
             "fingerprint": self.fingerprint,
             "embedder": self.embedder,
             "index": self.index,
-            "threshold": self.threshold,
+            "routing": self.routing,
             "entries": {k: self.entries[k].to_json() for k in sorted(self.entries)},
         }
+
+    @property
+    def threshold(self) -> float | None:
+        """The routing threshold stored in the library, if any."""
+        value = self.routing.get("threshold")
+        return None if value is None else float(value)
 
     def save(self) -> None:
         """Write the manifest atomically. An existing signature no longer matches and is removed."""

@@ -56,9 +56,15 @@ def llama_options(func: F) -> F:
 def routing_options(func: F) -> F:
     """Routing settings for ``ask`` and ``bench``."""
     options = [
-        click.option("--threshold", type=float, help="Cosine threshold (default: the library's calibrated one)."),
-        click.option("--margin", type=float, help="Required gap between the two best scores."),
+        click.option("--threshold", type=float, help="Cosine threshold (default: the library's)."),
+        click.option("--margin", type=float, help="Required gap to the best other entry's score (default: the library's)."),
         click.option("--top-k", type=int, help="Neighbours searched."),
+        click.option(
+            "--guards/--no-guards",
+            default=None,
+            help="Structural guards that tell the same problem from a similar one (default on).",
+        ),
+        click.option("--match-check", help="module:function(question, entry, score) -> bool, run after the guards."),
         click.option(
             "--key-file",
             type=click.Path(dir_okay=False),
@@ -339,6 +345,47 @@ def bench(
 
     click.echo(render_markdown(summary))
     click.echo(f"wrote {out}/results.jsonl, summary.json, summary.md, " + ", ".join(summary["plots"]))
+
+
+@main.command()
+@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--queries",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Labelled queries JSONL: expect_entry is an entry id, or null for near-miss and uncovered questions.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the curve and the choice as JSON.")
+@routing_options
+@llama_options
+def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None:
+    """Pick the routing threshold from labelled queries and store it in the library (invalidates a signature)."""
+    from ._calibrate import calibrate as run_calibrate
+    from ._library import Library
+
+    rows = list(_read_queries(queries))
+    try:
+        with _engine(library, make_config(options)) as engine:
+            chosen, curve = run_calibrate(engine, rows)
+        lib = Library.open(library)
+        was_signed = (lib.path / "manifest.sig").is_file()
+        lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows)}
+        lib.save()
+    except KVGraftError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong, "recall": p.recall} for p in curve]
+        click.echo(json.dumps({"threshold": chosen.threshold, "right": chosen.right, "wrong": chosen.wrong, "curve": points, "resign": was_signed}))
+    else:
+        click.echo("threshold  routed right  wrong")
+        for p in curve[:: max(1, len(curve) // 25)]:
+            click.echo(f"{p.threshold:9.3f}  {p.right:5d}/{p.covered:<6d}  {p.wrong:5d}")
+        click.echo(
+            f"chose threshold {chosen.threshold:.4f}: {chosen.right}/{chosen.covered} covered queries routed right, "
+            f"{chosen.wrong} wrong; stored in {library}/manifest.json"
+        )
+    if was_signed:
+        click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)
 
 
 @main.command("bench-graft")

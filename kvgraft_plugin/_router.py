@@ -1,0 +1,266 @@
+"""Routing: embed -> search -> guards -> `Match` or `NoMatch`, with the reason of every guard.
+
+A graft is right only when the query asks **the same problem** as the entry; a similar problem with
+another answer must not graft (it would copy the entry's verified answer, fast and wrong). Cosine
+similarity alone cannot tell them apart, so each candidate above the threshold goes through small named
+guards, in order; the first refusal ends that candidate. Candidates are tried best first.
+
+A guard is a function ``(Candidate) -> str | None``: ``None`` passes, a string is why it refused.
+The router needs no LLM; the engine owns the model and runs any model-based check itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._config import import_callable
+from ._signature import COMMUTATIVE, Signature, signature
+from ._template import Entry
+
+__all__ = ["DEFAULT_GUARDS", "Candidate", "Guard", "GuardVerdict", "Match", "MatchCheck", "NoMatch", "Router", "load_match_check"]
+
+#: A user hook: ``match_check(question, entry, score) -> bool``; False refuses the match.
+MatchCheck = Callable[[str, Entry, float], bool]
+
+#: Entry numbers a query may leave out without changing the problem ("from 1 to 100" ~ "up to 100").
+_IMPLIED_NUMBERS = frozenset({0.0, 1.0})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A question and one entry it might match."""
+
+    question: str
+    entry: Entry
+    score: float
+    runner_up: float | None
+    """Score of the best *other* entry, for the margin guard."""
+
+    @property
+    def query(self) -> Signature:
+        """Signature of the question."""
+        return signature(self.question)
+
+    @property
+    def problem(self) -> Signature:
+        """Signature of the entry's problem."""
+        return signature(self.entry.problem)
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    """What one guard said about one candidate."""
+
+    guard: str
+    entry_id: str
+    passed: bool
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for ``--json`` output."""
+        return {"guard": self.guard, "entry_id": self.entry_id, "passed": self.passed, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Match:
+    """The query asks the same problem as ``entry``."""
+
+    entry_id: str
+    score: float
+    trail: tuple[GuardVerdict, ...] = ()
+    phases_ms: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    """No entry asks the same problem; ``reason`` says why the best candidate was refused."""
+
+    reason: str
+    score: float | None = None
+    trail: tuple[GuardVerdict, ...] = ()
+    phases_ms: Mapping[str, float] = field(default_factory=dict)
+
+
+Guard = Callable[[Candidate], "str | None"]
+
+
+# -- guards ---------------------------------------------------------------------------------------------
+
+
+def numbers_guard(c: Candidate) -> str | None:
+    """Same numbers (value and sign, however written); operand order kept unless the operation commutes."""
+    query, problem = c.query.number_counts, c.problem.number_counts
+    extra = query - problem
+    if extra:
+        return f"the query has numbers the entry lacks: {_fmt(extra)}"
+    missing = {n: k for n, k in (problem - query).items() if n not in _IMPLIED_NUMBERS}
+    if missing:
+        return f"the entry has numbers the query lacks: {_fmt(missing)}"
+    ordered = len(c.problem.numbers) == 2 and not (c.problem.key_terms & COMMUTATIVE)
+    if ordered and c.query.numbers != c.problem.numbers:
+        return f"operands in another order ({_fmt(c.query.numbers)} vs {_fmt(c.problem.numbers)})"
+    return None
+
+
+def units_guard(c: Candidate) -> str | None:
+    """A number keeps its unit ("29 apples" is not "29 crates")."""
+    entry_units: dict[float, set[str]] = {}
+    for value, unit in c.problem.quantities:
+        entry_units.setdefault(value, set()).add(unit)
+    changed = sorted(
+        f"{value:g} {unit}"
+        for value, unit in c.query.quantities
+        if value in entry_units and unit not in entry_units[value] and unit in c.problem.terms | c.query.key_terms
+    )
+    return f"numbers with other units: {changed}" if changed else None
+
+
+def relations_guard(c: Candidate) -> str | None:
+    """"X of Y" is not inverted ("the square of the sum" is not "the sum of the squares")."""
+    inverted = sorted(f"{a} of {b}" for a, b in c.query.relations if (b, a) in c.problem.relations)
+    return f"inverted relation: {inverted}" if inverted else None
+
+
+def terms_guard(c: Candidate) -> str | None:
+    """No content word the entry lacks, and no operation, concept or unit of the entry left out."""
+    new = c.query.terms - c.problem.terms
+    if new:
+        return f"the query mentions {sorted(new)}, which the entry does not"
+    dropped = c.problem.key_terms - c.query.terms
+    if dropped:
+        return f"the query leaves out {sorted(dropped)}"
+    return None
+
+
+def asked_guard(c: Candidate) -> str | None:
+    """The question sentence asks for the same quantity (not another one named elsewhere in the problem)."""
+    lost = c.problem.asked - c.query.asked
+    gained = c.query.asked - c.problem.asked
+    if lost and gained:
+        return f"asks for {sorted(gained)} instead of {sorted(lost)}"
+    return None
+
+
+def code_guard(c: Candidate) -> str | None:
+    """Code literals (string literals, slices, called functions, booleans) match as written."""
+    if c.query.code != c.problem.code:
+        return f"code differs: {sorted(set(c.query.code) ^ set(c.problem.code))}"
+    return None
+
+
+#: The structural guards, in the order they run (after threshold and margin).
+DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
+    ("numbers", numbers_guard),
+    ("code", code_guard),
+    ("terms", terms_guard),
+    ("units", units_guard),
+    ("relations", relations_guard),
+    ("asked", asked_guard),
+)
+
+
+def load_match_check(spec: str | MatchCheck | None) -> MatchCheck | None:
+    """A match-check hook from a callable or ``"module:function"``."""
+    if spec is None or callable(spec):
+        return spec
+    return import_callable(spec, "match_check")
+
+
+def _fmt(numbers: Any) -> str:
+    items = numbers.elements() if hasattr(numbers, "elements") else numbers
+    return "[" + ", ".join(f"{n:g}" for n in items) + "]"
+
+
+# -- the router -----------------------------------------------------------------------------------------
+
+
+class Router:
+    """Decide which entry, if any, asks the same problem as a question.
+
+    Args:
+        embed: texts -> L2-normalised float32 rows (the library's embedder).
+        search: (vector, k) -> ``[(entry_id, score), ...]`` best first (the library's index).
+        entries: entry id -> `Entry`.
+        threshold: minimum cosine similarity for a candidate.
+        margin: minimum gap between a candidate's score and the best other entry's (0 disables it).
+        top_k: how many neighbours are considered.
+        guards: structural guards, run in order on each candidate (`DEFAULT_GUARDS`; ``()`` disables them).
+        match_check: optional user hook ``(question, entry, score) -> bool``, run last.
+    """
+
+    def __init__(
+        self,
+        embed: Callable[[list[str]], np.ndarray],
+        search: Callable[[np.ndarray, int], Sequence[tuple[str, float]]],
+        entries: Mapping[str, Entry],
+        *,
+        threshold: float,
+        margin: float = 0.0,
+        top_k: int = 4,
+        guards: Sequence[tuple[str, Guard]] = DEFAULT_GUARDS,
+        match_check: MatchCheck | None = None,
+    ) -> None:
+        self._embed, self._search, self._entries = embed, search, entries
+        self.threshold, self.margin, self.top_k = threshold, margin, top_k
+        self.guards = tuple(guards)
+        self.match_check = match_check
+
+    def route(self, question: str) -> Match | NoMatch:
+        """The first candidate, best first, that clears the threshold, the margin and every guard."""
+        t0 = time.perf_counter()
+        vector = self._embed([question])[0]
+        t1 = time.perf_counter()
+        hits = list(self._search(vector, max(self.top_k, 2)))
+        phases = {"embed": (t1 - t0) * 1e3, "search": (time.perf_counter() - t1) * 1e3}
+        if not hits:
+            return NoMatch("the library is empty", phases_ms=phases)
+        trail: list[GuardVerdict] = []
+        first_refusal: str | None = None
+        for i, (entry_id, score) in enumerate(hits[: self.top_k]):
+            if score < self.threshold:
+                if i == 0:
+                    reason = f"best score {score:.3f} < threshold {self.threshold:.3f}"
+                    trail.append(GuardVerdict("threshold", entry_id, False, reason))
+                    return NoMatch(reason, hits[0][1], tuple(trail), phases)
+                break
+            runner_up = next((s for other, s in hits if other != entry_id), None)
+            candidate = Candidate(question, self._entries[entry_id], score, runner_up)
+            refusal = self._check(candidate, trail)
+            if refusal is None:
+                return Match(entry_id, score, tuple(trail), phases)
+            first_refusal = first_refusal or f"{entry_id} (score {score:.3f}): {refusal}"
+        return NoMatch(first_refusal or "no candidate", hits[0][1], tuple(trail), phases)
+
+    def explain(self, question: str) -> list[tuple[str, float, str | None]]:
+        """Every one of the ``top_k`` neighbours with its score and what the guards said (``None``: passed),
+        ignoring the threshold. `route` takes the first that passes and clears the threshold."""
+        hits = list(self._search(self._embed([question])[0], max(self.top_k, 2)))
+        out = []
+        for entry_id, score in hits[: self.top_k]:
+            runner_up = next((s for other, s in hits if other != entry_id), None)
+            candidate = Candidate(question, self._entries[entry_id], score, runner_up)
+            out.append((entry_id, score, self._check(candidate, [])))
+        return out
+
+    def _check(self, c: Candidate, trail: list[GuardVerdict]) -> str | None:
+        """Run threshold, margin, the guards and the user hook; record each verdict; return the refusal."""
+        trail.append(GuardVerdict("threshold", c.entry.id, True))
+        if self.margin > 0 and c.runner_up is not None and c.score - c.runner_up < self.margin:
+            reason = f"within margin {self.margin} of another entry ({c.score:.3f} vs {c.runner_up:.3f})"
+            trail.append(GuardVerdict("margin", c.entry.id, False, reason))
+            return reason
+        for name, guard in self.guards:
+            reason = guard(c)
+            trail.append(GuardVerdict(name, c.entry.id, reason is None, reason))
+            if reason is not None:
+                return reason
+        if self.match_check is not None and not self.match_check(c.question, c.entry, c.score):
+            reason = "refused by match_check"
+            trail.append(GuardVerdict("match_check", c.entry.id, False, reason))
+            return reason
+        return None

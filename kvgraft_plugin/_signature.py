@@ -1,0 +1,251 @@
+"""The structural signature of a problem statement: what must be equal for two texts to ask the same thing.
+
+Embeddings see two problems that share their numbers and most of their words as near-identical (MiniLM
+scores "17 plus 23" against "17 times 23" at 0.9+), so the router compares signatures as well:
+
+- ``numbers``: every number with its sign and value, whether written in digits, words, hex or as an
+  ordinal ("-7", "seventeen", "0x17", "15th");
+- ``terms``: content words, after synonyms and abbreviations are mapped to one canonical term
+  ("multiplied by" / "times" / "x" -> ``mul``, "km/h" / "kilometres per hour" -> ``kmh``, "GCD" ->
+  ``gcd``) and filler words ("please", "compute", "what is") are dropped;
+- ``key_terms``: the terms that name an operation, a concept, a unit or a code literal (the canonical
+  vocabulary below): dropping one of them changes the problem, dropping a filler word does not;
+- ``code``: code literals that must match as written (slices, called functions, booleans, string
+  literals, operators);
+- ``asked``: the terms of the question sentence (the quantity asked for).
+
+The router's guards compare two signatures; this module only extracts them (no model needed).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+__all__ = ["COMMUTATIVE", "Signature", "signature"]
+
+# Phrases mapped to one canonical term, applied in order to lower-cased text (longest phrases first).
+_PHRASES: tuple[tuple[str, str], ...] = (
+    (r"\bkm\s*/\s*h\b|\bkph\b|\bkilomet(?:re|er)s? (?:per|an|a) hour\b", " kmh "),
+    (r"\bm\s*/\s*s\b|\bmet(?:re|er)s? (?:per|a) second\b", " mps "),
+    (r"\bmph\b|\bmiles? (?:per|an|a) hour\b", " mph "),
+    (r"\bsquare (?:cm|centimet(?:re|er)s?)\b|\bcm\s*(?:2|²|\^2)\b", " cm2 "),
+    (r"\bsquare (?:m|met(?:re|er)s?)\b|\bm\s*(?:2|²|\^2)\b", " m2 "),
+    (r"\bgreatest common (?:divisor|factor)\b|\bhighest common factor\b|\bgcd\b|\bhcf\b|\bgcf\b", " gcd "),
+    (r"\b(?:least|lowest|smallest) common multiple\b|\blcm\b", " lcm "),
+    (r"\bsquare roots?\b|\bsqrt\b|√", " sqrt "),
+    (r"\bcube roots?\b|\bcbrt\b", " cbrt "),
+    (r"\bto the power of\b|\braised to(?: the power of)?\b|\*\*|\^", " pow "),
+    (r"\bworst[- ]case\b|\bin the worst case\b|\bat most\b", " worst "),
+    (r"\bbest[- ]case\b|\bin the best case\b", " best "),
+    (r"\bcompounded\b|\bcompound\b", " compound "),
+    (r"\bper ?cent\b|(?<=\d)%", " percent "),
+    (r"(?<=\d)!", " factorial "),
+    (r"\bo'?clock\b", " :00 "),
+    (r"\bwhole numbers?\b|\bintegers?\b", " integer "),
+    (r"\bprime numbers?\b|\bprimes?\b", " prime "),
+    (r"\bless than\b|\bbelow\b|\bsmaller than\b|\bfewer than\b|\bunder\b|<(?!=)", " lt "),
+    (r"\bgreater than\b|\bmore than\b|\babove\b|\blarger than\b|\bbigger than\b|>(?!=)", " gt "),
+    (r"\bmultipl(?:y|ied|ies|ying)(?: by)?\b|\btimes\b|\bproduct\b|×|(?<=\d)\s+x\s+(?=[-\d])|\*", " mul "),
+    (r"\bdivid(?:e|ed|es|ing)(?: by)?\b|÷", " div "),
+    (r"//", " floordiv "),
+    (r"(?<=[\d\w)])\s*/\s*(?=[\d\w(])", " div "),
+    (r"\bplus\b|\badd(?:ed)?(?: up)?\b|\bsum\b|\btotal\b|\+", " add "),
+    (r"\bminus\b|\bsubtract(?:ed)?\b|(?<=[\w)])\s+-\s+(?=[\w(])", " sub "),
+    (r"\bremainder\b|\bmodulo\b|\bmod\b|%", " mod "),
+    (r"\baverage\b|\bmean\b", " mean "),
+)
+
+# Single words mapped to a canonical term (after light stemming).
+_SYNONYMS: dict[str, str] = {
+    "squared": "square", "cubed": "cube", "hexadecimal": "hex", "kilometre": "km", "kilometer": "km",
+    "centimetre": "cm", "centimeter": "cm", "metre": "m", "meter": "m", "hr": "hour", "min": "minute",
+    "sec": "second", "dollar": "dollar", "usd": "dollar", "cent": "cent",
+    "remain": "left", "remaining": "left", "leftover": "left",
+    "go": "travel", "goe": "travel", "cover": "travel", "drive": "travel", "drife": "travel",
+    "wide": "width", "tall": "height", "high": "height",
+    "fib": "fibonacci", "comparison": "compare", "step": "step", "handshake": "handshake",
+    "shake": "handshake", "discounted": "discount", "sale": "discount", "off": "discount",
+    "cost": "cost", "price": "cost", "costs": "cost", "priced": "cost", "old": "age",
+    "evaluates": "evaluate", "evaluate": "", "give": "", "return": "", "returns": "",
+}
+
+# Canonical terms that name an operation, a concept, a unit or a condition: the words that change a problem.
+KEY_TERMS: frozenset[str] = frozenset(
+    """mul div floordiv add sub mod pow sqrt cbrt square cube factorial percent gcd lcm prime even odd
+    fibonacci digit mean median mode range max min lt gt worst best area perimeter circumference volume
+    diameter radius hypotenuse leg angle degree radian binary hex decimal octal kmh mps mph km cm cm2 m m2
+    hour minute second day week year dollar cent compound simple interest balance left sell buy
+    speed length width height age discount cost reverse upper lower sort len
+    integer fraction triangular perfect quotient""".split()
+)
+
+#: Operations for which operand order does not change the answer.
+COMMUTATIVE: frozenset[str] = frozenset({"mul", "add", "gcd", "lcm", "hypotenuse", "leg", "mean", "median"})
+
+_STOPWORDS: frozenset[str] = frozenset(
+    """a an the of to in on at by for from with and or is are was were be been being it its it's this that
+    these those there here what what's whats which who whom whose how many much does do did done can could
+    would should will shall may might must i you we they he she him her his their them me my your our us
+    if then than so as into onto up out about through between inclusive each every all any some one one's
+    please quick question answer help need tell me compute calculate find determine evaluate work solve convert
+    give gives return returns get gets got show value result number numbers exactly just now
+    again also only use using let suppose assume when where while after before course quickly kindly simply briefly
+    have has had having take takes took taking working works worked long""".split()
+)
+
+_NUMBER_WORDS: dict[str, int] = {
+    w: i
+    for i, w in enumerate(
+        "zero _ two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen eighteen nineteen".split()
+    )
+    if w != "_"
+}
+_NUMBER_WORDS.update({w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if i > 1})
+_ORDINAL_WORDS = {
+    "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8,
+    "ninth": 9, "tenth": 10, "twice": 2, "half": 2, "thrice": 3, "double": 2, "triple": 3,
+}
+_ORDINAL_TERMS = {"twice": "mul", "double": "mul", "thrice": "mul", "triple": "mul", "half": "div"}
+
+_STRING_LITERAL = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+_SLICE = re.compile(r"\[[^\[\]\n]{0,40}\]")
+_CALL = re.compile(r"(?<!def )\b([A-Za-z_][A-Za-z_0-9]*)\s*\(")
+_INDEX = re.compile(r"\[\s*-?\d+\s*\]")
+_BOOL = re.compile(r"\b(True|False|None)\b")
+_HEX = re.compile(r"(?<![\w.])(-?)0x([0-9a-f]+)\b")
+_WORD_NUMBER = re.compile(
+    r"\b(" + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True)) + r")(?:[- ](one|two|three|four|five|six|seven|eight|nine))?\b"
+)
+_NUMBER = re.compile(r"(?<![\w.])(-?)(\d+(?:,\d{3})*(?:\.\d+)?)(?:st|nd|rd|th)?(?![\d])")
+_TOKEN = re.compile(r"#[a-j]+|[a-z][a-z0-9_']*")
+_MARK = re.compile(r"#[a-j]+")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a problem statement asks, reduced to comparable parts (see the module docstring)."""
+
+    numbers: tuple[float, ...]
+    """Numbers in the order they appear."""
+    terms: frozenset[str]
+    key_terms: frozenset[str]
+    code: tuple[str, ...]
+    """Code literals, sorted (a multiset)."""
+    asked: frozenset[str]
+    """Terms of the question sentence."""
+    quantities: frozenset[tuple[float, str]]
+    """(number, the word right after it): "29 apples" is not "29 crates"."""
+    relations: frozenset[tuple[str, str]]
+    """(X, Y) for "X of (the) Y": "the sum of the squares" is not "the square of the sum"."""
+
+    @property
+    def number_counts(self) -> Counter[float]:
+        """``numbers`` as a multiset."""
+        return Counter(self.numbers)
+
+
+def _code_literals(text: str) -> list[str]:
+    """String literals, slices (numbers kept), called function names and booleans, as written."""
+    out = [f"str:{m}" for m in _STRING_LITERAL.findall(text)]
+    slices = (m for m in _SLICE.findall(text) if ":" in m or _INDEX.fullmatch(m))
+    out += ["slice:" + "".join(m.split()) for m in slices]
+    out += [f"call:{m}" for m in _CALL.findall(text)]
+    out += [f"bool:{m}" for m in _BOOL.findall(text)]
+    return out
+
+
+def _stem(word: str) -> str:
+    word = word.strip("'")
+    if word.endswith("'s"):
+        word = word[:-2]
+    if len(word) > 4 and word.endswith("ies"):
+        word = word[:-3] + "y"
+    elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    return _SYNONYMS.get(word, word)
+
+
+def _numbers_and_rest(text: str) -> tuple[dict[str, float], str]:
+    """Pull every number out of lower-cased ``text``: return the text with each replaced by a marker
+    ``#<letters>`` (so that the word after it can be bound to it as its unit), and each marker's value."""
+    values: dict[str, float] = {}
+
+    def take(value: float) -> str:
+        mark = "#" + "".join(chr(ord("a") + int(d)) for d in str(len(values)))  # no digits: not re-read
+        values[mark] = value
+        return f" {mark} "
+
+    text = _HEX.sub(lambda m: take((-1 if m.group(1) else 1) * int(m.group(2), 16)), text)
+    text = _WORD_NUMBER.sub(
+        lambda m: take(_NUMBER_WORDS[m.group(1)] + (_NUMBER_WORDS[m.group(2)] if m.group(2) else 0)), text
+    )
+    text = _NUMBER.sub(lambda m: take((-1 if m.group(1) else 1) * float(m.group(2).replace(",", ""))), text)
+    return values, text
+
+
+@dataclass
+class _Scan:
+    terms: list[str] = field(default_factory=list)
+    implied: list[float] = field(default_factory=list)
+    units: list[tuple[str, str]] = field(default_factory=list)
+    relations: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _scan(text: str) -> _Scan:
+    """Canonical content terms of marked-up text, with numbers implied by words, the unit word right after
+    each number (``#<letters>``), and "X of Y" relations between consecutive terms."""
+    out = _Scan()
+    pending_number: str | None = None
+    last_term: str | None = None
+    saw_of = False
+    for token in _TOKEN.findall(text):
+        if token.startswith("#"):
+            pending_number, last_term = token, None
+            continue
+        if token in _ORDINAL_WORDS:
+            out.implied.append(float(_ORDINAL_WORDS[token]))
+            token = _ORDINAL_TERMS.get(token, "")
+            if not token:
+                continue
+        stem = _stem(token)
+        if not stem or stem in _STOPWORDS or token in _STOPWORDS:
+            saw_of = saw_of or token == "of"
+            pending_number = None
+            continue
+        out.terms.append(stem)
+        if pending_number is not None:
+            out.units.append((pending_number, stem))
+            pending_number = None
+        if last_term is not None and saw_of:
+            out.relations.append((last_term, stem))
+        last_term, saw_of = stem, False
+    return out
+
+
+@lru_cache(maxsize=4096)
+def signature(text: str) -> Signature:
+    """The signature of a problem statement or query."""
+    text = unicodedata.normalize("NFKC", text)
+    code = sorted(_code_literals(text))
+    text = _STRING_LITERAL.sub(" ", text).lower()
+    for pattern, canonical in _PHRASES:
+        text = re.sub(pattern, canonical, text)
+    values, rest = _numbers_and_rest(text)
+    numbers = [values[m] for m in _MARK.findall(rest)]
+    sentences = [s for s in re.split(r"(?<=[.?!])\s+|:\s+(?=[a-z])", rest.strip()) if re.search(r"[a-z]", s)]
+    asked_text = next((s for s in reversed(sentences) if "?" in s), sentences[-1] if sentences else "")
+    scan = _scan(rest)
+    return Signature(
+        numbers=tuple(numbers + scan.implied),
+        terms=frozenset(scan.terms),
+        key_terms=frozenset(t for t in scan.terms if t in KEY_TERMS),
+        code=tuple(code),
+        asked=frozenset(_scan(asked_text).terms),
+        quantities=frozenset((values[mark], unit) for mark, unit in scan.units),
+        relations=frozenset(scan.relations),
+    )

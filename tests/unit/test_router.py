@@ -1,0 +1,185 @@
+"""The router and each guard, without the LLM: fake embeddings and a fake index."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvgraft_plugin._router import (
+    DEFAULT_GUARDS,
+    Candidate,
+    Match,
+    NoMatch,
+    Router,
+    asked_guard,
+    code_guard,
+    numbers_guard,
+    relations_guard,
+    terms_guard,
+    units_guard,
+)
+from kvgraft_plugin._signature import signature
+from kvgraft_plugin._template import Entry
+
+
+def cand(question: str, problem: str) -> Candidate:
+    return Candidate(question, Entry("e", problem, "s"), 0.9, None)
+
+
+GUARD_CASES = {
+    numbers_guard: (
+        [  # pass
+            ("What is 23 times 17?", "What is 17 times 23?"),  # commutative order
+            ("What is seventeen times twenty-three?", "What is 17 times 23?"),  # number words
+            ("What is the sum of all integers up to 100?", "What is the sum of all integers from 1 to 100?"),
+            ("Convert hex 0xFF to decimal.", "What is the hexadecimal number 0xFF in decimal?"),
+            ("What is 1,000 divided by 7?", "What is 1000 divided by 7?"),
+        ],
+        [  # refuse
+            ("What is 17 times 24?", "What is 17 times 23?"),
+            ("What is -17 times 23?", "What is 17 times 23?"),  # sign
+            ("What is 0x17 times 23?", "What is 17 times 23?"),  # another base
+            ("What is seventeen times twenty-four?", "What is 17 times 23?"),
+            ("What is 20 to the power of 2?", "What is 2 to the power of 20?"),  # order, not commutative
+            ("A farmer has 3 crates of 24 apples. How many apples?", "A farmer has 3 crates of 24 apples and sells 29."),
+        ],
+    ),
+    code_guard: (
+        [("What does 'kvgraft'[::-1] give in Python?", "In Python, what does 'kvgraft'[::-1] evaluate to?")],
+        [
+            ("In Python, what is 'kvgraft'[-1]?", "In Python, what does 'kvgraft'[::-1] evaluate to?"),
+            ("In Python, what is max(range(3, 30, 4))?", "In Python, what is len(range(3, 30, 4))?"),
+            ("In Python, what is sum([True, False, False, True])?", "In Python, what is sum([True, False, True, True])?"),
+            ("In Python, what does 'kvgrafts'[::-1] evaluate to?", "In Python, what does 'kvgraft'[::-1] evaluate to?"),
+        ],
+    ),
+    terms_guard: (
+        [
+            ("Compute 48 multiplied by 36.", "What is 48 times 36?"),  # synonyms, instruction verbs
+            ("Find the LCM of 12 and 18.", "What is the least common multiple of 12 and 18?"),  # abbreviation
+            ("Please, quickly: what is 15% of 240?", "What is 15 percent of 240?"),
+            ("A train covers 180 km in 2.5 hours. What is its average speed in kilometres per hour?",
+             "A train travels 180 kilometres in 2.5 hours. What is its average speed in km/h?"),
+        ],
+        [
+            ("What is 17 plus 23?", "What is 17 times 23?"),  # another operation
+            ("What is the cube root of 1764?", "What is the square root of 1764?"),  # another concept
+            ("What is the binary number 101101 in hexadecimal?", "What is the binary number 101101 in decimal?"),
+            ("How many numbers are less than 50?", "How many prime numbers are less than 50?"),  # a concept dropped
+            ("What is the sum of all even integers from 1 to 100?", "What is the sum of all integers from 1 to 100?"),
+            ("How many seconds are there in one week?", "How many minutes are there in one week?"),  # unit
+        ],
+    ),
+    units_guard: (
+        [("A farmer sells 29 apples from 3 crates of 24 apples. How many apples are left?",
+          "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?")],
+        [("A farmer has 3 crates of 24 apples and sells 29 crates. How many apples are left?",
+          "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?")],
+    ),
+    relations_guard: (
+        [("Find the sum of the squares of 1 to 40.", "What is the sum of the squares of the integers from 1 to 40?")],
+        [("What is the square of the sum of the integers from 1 to 40?",
+          "What is the sum of the squares of the integers from 1 to 40?")],
+    ),
+    asked_guard: (
+        [("Sam's 12 coins are dimes and nickels worth 90 cents. How many of them are dimes?",
+          "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many dimes does he have?")],
+        [
+            ("Sam has 12 coins, all dimes and nickels, worth 90 cents. How many nickels does he have?",
+             "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many dimes does he have?"),
+            ("Tom is 3 times as old as Ann. In 10 years he will be twice as old as her. How old is Tom now?",
+             "Tom is 3 times as old as Ann. In 10 years he will be twice as old as her. How old is Ann now?"),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("guard", "question", "problem", "passes"),
+    [
+        pytest.param(guard, q, p, ok, id=f"{guard.__name__}-{'pass' if ok else 'refuse'}-{i}")
+        for guard, (good, bad) in GUARD_CASES.items()
+        for ok, cases in ((True, good), (False, bad))
+        for i, (q, p) in enumerate(cases)
+    ],
+)
+def test_guard(guard, question, problem, passes):
+    reason = guard(cand(question, problem))
+    assert (reason is None) == passes, reason
+    if not passes:
+        assert isinstance(reason, str) and reason
+
+
+def test_every_default_guard_has_cases():
+    assert {g for _, g in DEFAULT_GUARDS} == set(GUARD_CASES)
+
+
+def test_signature_reads_numbers_in_every_form():
+    assert signature("What is -7 // 2?").numbers == (-7.0, 2.0)
+    assert signature("Solve 5x - 7 = 3x + 9.").numbers == (5.0, 7.0, 3.0, 9.0)  # binary minus, not a sign
+    assert signature("What is sixty-seven times 0xFF, the 15th?").numbers == (67.0, 255.0, 15.0)
+    assert "mul" in signature("What is 89 x 47?").key_terms
+    assert signature("What is 7!").key_terms == {"factorial"}
+
+
+class FakeIndex:
+    """Embeddings are looked up by text; the index returns fixed scores per question."""
+
+    def __init__(self, scores: dict[str, list[tuple[str, float]]]) -> None:
+        self.scores = scores
+        self.asked: list[str] = []
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.asked.extend(texts)
+        return np.zeros((len(texts), 4), dtype=np.float32)
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        return self.scores[self.asked[-1]][:k]
+
+
+ENTRIES = {
+    "mul": Entry("mul", "What is 17 times 23?", "391"),
+    "add": Entry("add", "What is 17 plus 23?", "40"),
+    "gcd": Entry("gcd", "What is the greatest common divisor of 84 and 126?", "42"),
+}
+
+
+def router(scores, **kwargs) -> Router:
+    fake = FakeIndex(scores)
+    return Router(fake.embed, fake.search, ENTRIES, threshold=kwargs.pop("threshold", 0.5), **kwargs)
+
+
+def test_router_takes_the_first_candidate_that_passes_every_guard():
+    # the nearest entry asks another operation; the second one is the same problem
+    r = router({"What is 23 plus 17?": [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]})
+    decision = r.route("What is 23 plus 17?")
+    assert isinstance(decision, Match) and decision.entry_id == "add"
+    refused = [v for v in decision.trail if not v.passed]
+    assert [(v.entry_id, v.guard) for v in refused] == [("mul", "terms")]
+
+
+def test_router_refuses_near_misses_with_the_reason():
+    r = router({"What is 17 minus 23?": [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]})
+    decision = r.route("What is 17 minus 23?")
+    assert isinstance(decision, NoMatch) and decision.score == 0.97
+    assert decision.reason.startswith("mul (score 0.970): the query mentions ['sub']")
+
+
+def test_router_threshold_margin_and_hook():
+    scores = {"What is 17 times 23?": [("mul", 0.4), ("add", 0.3)]}
+    assert isinstance(router(scores).route("What is 17 times 23?"), NoMatch)
+    scores = {"What is 17 times 23?": [("mul", 0.9), ("add", 0.89)]}
+    decision = router(scores, margin=0.05).route("What is 17 times 23?")
+    assert isinstance(decision, NoMatch) and "margin" in decision.reason
+    seen = []
+    hook = lambda q, e, s: seen.append((q, e.id, s)) or False  # noqa: E731
+    decision = router(scores, match_check=hook).route("What is 17 times 23?")
+    assert isinstance(decision, NoMatch) and seen == [("What is 17 times 23?", "mul", 0.9)]
+    assert isinstance(router(scores, guards=()).route("What is 17 times 23?"), Match)
+
+
+def test_explain_lists_every_candidate():
+    r = router({"What is 23 plus 17?": [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]})
+    got = r.explain("What is 23 plus 17?")
+    assert [(e, s) for e, s, _ in got] == [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]
+    assert got[0][2] is not None and got[1][2] is None and got[2][2] is not None
