@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -43,7 +43,7 @@ from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_
 from ._models import bundled_model_path, file_sha256
 from ._state import FORMAT_VERSION, SavedState
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
-from ._template import TEMPLATE_VERSION, render_entry, render_preamble, render_query
+from ._template import TEMPLATE_VERSION, Entry, render_entry, render_preamble, render_query
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
 
 __all__ = ["GraftChunk", "GraftEngine", "GraftResult"]
@@ -323,16 +323,32 @@ class GraftEngine:
         """One request, on the worker thread: route, restore or prefill, decode."""
         start = time.perf_counter()
         phases: dict[str, float] = {}
-        suffix = self.backend.tokenize(render_query(question, system=system, history=history), add_bos=False)
+
+        def suffix(entry: Entry | None) -> list[int]:
+            text = render_query(question, system=system, history=history, same_as=entry)
+            return self.backend.tokenize(text, add_bos=False)
+
         plan = self._plan(question, suffix, mode, entry_id, settings["max_tokens"], phases)
         logits = self._prefill(plan, phases)
         yield from self._decode(plan, logits, start=start, phases=phases, cancel=cancel, **settings)
 
     def _plan(
-        self, question: str, suffix: list[int], mode: str, entry_id: str | None, budget: int, phases: dict[str, float]
+        self,
+        question: str,
+        render: Callable[[Entry | None], list[int]],
+        mode: str,
+        entry_id: str | None,
+        budget: int,
+        phases: dict[str, float],
     ) -> _Plan:
-        """Decide the route: match an entry, check it fits and its state is usable, or fall back."""
-        plain = _Plan("plain", self._preamble_tokens + suffix, len(suffix))
+        """Decide the route: match an entry, check it fits and its state is usable, or fall back.
+
+        ``render(entry)`` gives the query suffix's tokens: a route that uses an entry restates the entry's
+        problem in it (the same on graft and text RAG), which makes the small model copy the verified
+        answer for a reworded question instead of re-deriving it.
+        """
+        plain_suffix = render(None)
+        plain = _Plan("plain", self._preamble_tokens + plain_suffix, len(plain_suffix))
         if len(plain.tokens) >= self.backend.n_ctx:
             raise ContextOverflowError(f"the query needs {len(plain.tokens)} tokens; n_ctx is {self.backend.n_ctx}")
         if mode == "plain":
@@ -361,6 +377,7 @@ class GraftEngine:
                 return self._no_match(plain, decision.reason)
             record, score = library.get(decision.entry_id), decision.score
 
+        suffix = render(record.entry)
         if len(record.tokens) + len(suffix) + budget > self.backend.n_ctx:
             plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
             return plain

@@ -59,12 +59,24 @@ def render_entry(entry: Entry) -> str:
     return f"Problem: {entry.problem.strip()}\n{answer}Solution: {entry.solution.strip()}\n\n"
 
 
-def render_query(question: str, *, system: str | None = None, history: Sequence[tuple[str, str]] = ()) -> str:
+def render_query(
+    question: str,
+    *,
+    system: str | None = None,
+    history: Sequence[tuple[str, str]] = (),
+    same_as: Entry | None = None,
+) -> str:
     """The query suffix: the model continues after ``Answer:``; the answer ends at the newline.
 
     A chat's ``system`` text and earlier ``(question, answer)`` turns go into the suffix, after the
     entry, so that the grafted prefix stays exactly the entry. Routing only sees ``question``.
+
+    ``same_as``: the entry the router matched. Its problem is restated after the question, so that a
+    reworded question is answered by copying the verified answer. Measured on Gemma 3 270M, 114 reworded
+    example questions with their entry as text RAG: 87/114 correct without it, 111/114 with it (and
+    "This is the same problem" alone: 69/114; the entry's problem alone, dropping the question: 108/114).
     """
     head = f"{system.strip()}\n\n" if system and system.strip() else ""
     turns = "".join(f"Problem: {q.strip()}\nAnswer: {a.strip()}\n\n" for q, a in history)
-    return f"{head}{turns}Problem: {question.strip()}\nAnswer:"
+    restated = f"This is the problem solved above: {same_as.problem.strip()}\n" if same_as is not None else ""
+    return f"{head}{turns}Problem: {question.strip()}\n{restated}Answer:"
