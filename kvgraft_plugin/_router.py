@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ._config import import_callable
-from ._signature import COMMUTATIVE, Signature, signature
+from ._signature import ORDERED, Signature, signature
 from ._template import Entry
 
 __all__ = ["DEFAULT_GUARDS", "Candidate", "Guard", "GuardVerdict", "Match", "MatchCheck", "NoMatch", "Router", "load_match_check"]
@@ -93,7 +93,7 @@ Guard = Callable[[Candidate], "str | None"]
 
 
 def numbers_guard(c: Candidate) -> str | None:
-    """Same numbers (value and sign, however written); operand order kept unless the operation commutes."""
+    """Same numbers (value and sign, however written); two operands of an ordered operation in the same order."""
     query, problem = c.query.number_counts, c.problem.number_counts
     extra = query - problem
     if extra:
@@ -101,7 +101,7 @@ def numbers_guard(c: Candidate) -> str | None:
     missing = {n: k for n, k in (problem - query).items() if n not in _IMPLIED_NUMBERS}
     if missing:
         return f"the entry has numbers the query lacks: {_fmt(missing)}"
-    ordered = len(c.problem.numbers) == 2 and not (c.problem.key_terms & COMMUTATIVE)
+    ordered = len(c.problem.numbers) == 2 and bool(c.problem.key_terms & ORDERED)
     if ordered and c.query.numbers != c.problem.numbers:
         return f"operands in another order ({_fmt(c.query.numbers)} vs {_fmt(c.problem.numbers)})"
     return None
@@ -138,11 +138,17 @@ def terms_guard(c: Candidate) -> str | None:
 
 
 def asked_guard(c: Candidate) -> str | None:
-    """The question sentence asks for the same quantity (not another one named elsewhere in the problem)."""
-    lost = c.problem.asked - c.query.asked
-    gained = c.query.asked - c.problem.asked
-    if lost and gained:
-        return f"asks for {sorted(gained)} instead of {sorted(lost)}"
+    """The question asks for the same quantity, not another one named elsewhere in the problem: "how many"
+    counts the same thing, and the question sentence takes in no term of the entry's other sentences
+    (when the query has other sentences of its own to hold them)."""
+    target, wanted = c.query.target, c.problem.target
+    if target is not None and wanted is not None and target != wanted:
+        return f"counts {target!r} instead of {wanted!r}"
+    gained = (c.query.asked - c.problem.asked) & c.problem.terms
+    lost = (c.problem.asked - c.query.asked) & c.query.terms
+    has_context = c.query.terms != c.query.asked
+    if gained and (lost or has_context):
+        return f"asks about {sorted(gained)}" + (f" instead of {sorted(lost)}" if lost else "")
     return None
 
 

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-__all__ = ["COMMUTATIVE", "Signature", "signature"]
+__all__ = ["KEY_TERMS", "ORDERED", "Signature", "signature"]
 
 # Phrases mapped to one canonical term, applied in order to lower-cased text (longest phrases first).
 _PHRASES: tuple[tuple[str, str], ...] = (
@@ -43,6 +43,9 @@ _PHRASES: tuple[tuple[str, str], ...] = (
     (r"\bbest[- ]case\b|\bin the best case\b", " best "),
     (r"\bcompounded\b|\bcompound\b", " compound "),
     (r"\bper ?cent\b|(?<=\d)%", " percent "),
+    (r"\bin total\b|\baltogether\b|\bin all\b", " "),
+    (r"(?<![\w.])-?0x(?=[0-9a-f]+\b)", " hex \\g<0>"),
+    (r"(?<![\w.])-?0b(?=[01]+\b)", " binary \\g<0>"),
     (r"(?<=\d)!", " factorial "),
     (r"\bo'?clock\b", " :00 "),
     (r"\bwhole numbers?\b|\bintegers?\b", " integer "),
@@ -80,11 +83,11 @@ KEY_TERMS: frozenset[str] = frozenset(
     diameter radius hypotenuse leg angle degree radian binary hex decimal octal kmh mps mph km cm cm2 m m2
     hour minute second day week year dollar cent compound simple interest balance left sell buy
     speed length width height age discount cost reverse upper lower sort len
-    integer fraction triangular perfect quotient""".split()
+    fraction triangular perfect quotient""".split()
 )
 
-#: Operations for which operand order does not change the answer.
-COMMUTATIVE: frozenset[str] = frozenset({"mul", "add", "gcd", "lcm", "hypotenuse", "leg", "mean", "median"})
+#: Operations whose operands cannot be swapped: "2 to the power of 20" is not "20 to the power of 2".
+ORDERED: frozenset[str] = frozenset({"sub", "div", "floordiv", "mod", "pow", "lt", "gt", "percent"})
 
 _STOPWORDS: frozenset[str] = frozenset(
     """a an the of to in on at by for from with and or is are was were be been being it its it's this that
@@ -94,7 +97,8 @@ _STOPWORDS: frozenset[str] = frozenset(
     please quick question answer help need tell me compute calculate find determine evaluate work solve convert
     give gives return returns get gets got show value result number numbers exactly just now
     again also only use using let suppose assume when where while after before course quickly kindly simply briefly
-    have has had having take takes took taking working works worked long""".split()
+    have has had having take takes took taking working works worked long make makes made happen happens
+    occur occurs place equal equals come comes become becomes""".split()
 )
 
 _NUMBER_WORDS: dict[str, int] = {
@@ -112,7 +116,7 @@ _ORDINAL_WORDS = {
 }
 _ORDINAL_TERMS = {"twice": "mul", "double": "mul", "thrice": "mul", "triple": "mul", "half": "div"}
 
-_STRING_LITERAL = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+_STRING_LITERAL = re.compile(r"(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)\"[^\"\n]*\"(?!\w)")  # not possessives
 _SLICE = re.compile(r"\[[^\[\]\n]{0,40}\]")
 _CALL = re.compile(r"(?<!def )\b([A-Za-z_][A-Za-z_0-9]*)\s*\(")
 _INDEX = re.compile(r"\[\s*-?\d+\s*\]")
@@ -142,6 +146,8 @@ class Signature:
     """(number, the word right after it): "29 apples" is not "29 crates"."""
     relations: frozenset[tuple[str, str]]
     """(X, Y) for "X of (the) Y": "the sum of the squares" is not "the square of the sum"."""
+    target: str | None
+    """What "how many ..." counts: the first term after it ("how many cents" is not "how many dimes")."""
 
     @property
     def number_counts(self) -> Counter[float]:
@@ -160,13 +166,22 @@ def _code_literals(text: str) -> list[str]:
 
 
 def _stem(word: str) -> str:
+    """Light stemming: possessive, plural, -ing and -ed (rounding / rounded -> round), then synonyms."""
     word = word.strip("'")
     if word.endswith("'s"):
         word = word[:-2]
+    if word in _SYNONYMS:
+        return _SYNONYMS[word]
     if len(word) > 4 and word.endswith("ies"):
         word = word[:-3] + "y"
+    elif len(word) > 4 and word.endswith(("ches", "shes", "sses", "xes")):
+        word = word[:-2]
     elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
         word = word[:-1]
+    elif len(word) > 5 and word.endswith("ing"):
+        word = word[:-3]
+    elif len(word) > 5 and word.endswith("ed"):
+        word = word[:-2]
     return _SYNONYMS.get(word, word)
 
 
@@ -248,4 +263,13 @@ def signature(text: str) -> Signature:
         asked=frozenset(_scan(asked_text).terms),
         quantities=frozenset((values[mark], unit) for mark, unit in scan.units),
         relations=frozenset(scan.relations),
+        target=_target(rest),
     )
+
+
+def _target(text: str) -> str | None:
+    found = re.search(r"\bhow many\b(.*)", text)
+    if not found:
+        return None
+    terms = _scan(found.group(1)).terms
+    return terms[0] if terms else None
