@@ -122,7 +122,9 @@ def _summary(
     for mode in modes:
         per_mode[mode].update(routing_errors(engine, queries, by_mode[mode]))
     if "graft" in by_mode:
-        per_mode["graft"]["by_kind"] = by_kind(engine, queries, by_mode["graft"], {r["id"]: r for r in rows if r["mode"] == "graft"})
+        per_mode["graft"]["by_kind"] = by_kind(
+            engine, queries, by_mode["graft"], {r["id"]: r for r in rows if r["mode"] == "graft"}
+        )
 
     covered = [q["id"] for q in queries if q.get("expect_entry")]
     tokens: dict[str, Any] = {"plain_max_tokens": max_tokens or engine.config.max_tokens, "covered": len(covered)}
@@ -203,8 +205,13 @@ def by_kind(
     table: dict[str, dict[str, int]] = {}
     for q in queries:
         result = results[q["id"]]
-        kind = str(q.get("kind") or ("near-miss" if q.get("near_miss_of") else "covered" if q.get("expect_entry") else "uncovered"))
-        t = table.setdefault(kind, {"n": 0, "routed_right": 0, "grafted": 0, "wrong_grafts": 0, "false_copies": 0, "correct": 0})
+        kind = str(
+            q.get("kind")
+            or ("near-miss" if q.get("near_miss_of") else "covered" if q.get("expect_entry") else "uncovered")
+        )
+        t = table.setdefault(
+            kind, {"n": 0, "routed_right": 0, "grafted": 0, "wrong_grafts": 0, "false_copies": 0, "correct": 0}
+        )
         t["n"] += 1
         t["routed_right"] += _used_entry(result) == _expected(q) or (result.route == "plain" and _expected(q) is None)
         t["grafted"] += result.route == "graft"
@@ -255,7 +262,11 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     ]
     kinds = modes.get("graft", {}).get("by_kind")
     if kinds:
-        lines += ["", "| kind (graft mode) | n | routed right | grafted | wrong grafts | false copies | correct |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| kind (graft mode) | n | routed right | grafted | wrong grafts | false copies | correct |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for kind, t in kinds.items():
             lines.append(
                 f"| {kind} | {t['n']} | {t['routed_right']} | {t['grafted']} | {t['wrong_grafts']} "

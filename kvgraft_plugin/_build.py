@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from ._checks import entry_problems
+from ._config import check_threshold
 from ._engine import GraftEngine
 from ._exceptions import ContextOverflowError, LibraryError, SourceError
-from ._index import IndexKind, VectorIndex, geometry_threshold
-from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256
+from ._index import IndexKind, VectorIndex, geometry_threshold, stale_index_files
+from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256, state_file_name
 from ._models import bundled_model_path
 from ._state import atomic_write, encode_state
 from ._template import Entry, render_query
@@ -73,9 +74,11 @@ def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearr
     """
     backend = engine.backend
     tokens = engine.prefix_tokens(entry)
-    probe = backend.tokenize(render_query(entry.problem), add_bos=False)
+    probe = backend.tokenize(render_query(entry.problem, same_as=entry), add_bos=False)
     if len(tokens) + len(probe) + 1 > backend.n_ctx:
-        raise ContextOverflowError(f"entry {entry.id} needs {len(tokens)} tokens; n_ctx is {backend.n_ctx}")
+        raise ContextOverflowError(
+            f"entry {entry.id} needs {len(tokens) + len(probe) + 1} tokens; n_ctx is {backend.n_ctx}"
+        )
     backend.reset()
     backend.prefill(tokens)
     payload = backend.capture_state()
@@ -99,10 +102,11 @@ def build_library(
     ``engine`` must have been created without a library (or on this one) and with the configuration
     the library is to be served with: that configuration becomes the states' fingerprint.
     """
+    check_threshold(threshold)
     path = Path(library_dir)
     report = BuildReport()
     for entry in source:
-        problems = entry_problems(entry)
+        problems = entry_problems(entry) + _fit_problems(engine, entry)
         if problems:
             report.invalid[entry.id] = problems
     if report.invalid and not skip_invalid:
@@ -159,6 +163,7 @@ def build_library(
             if progress is not None:
                 progress(1)
 
+        previous_index = library.index.get("file")
         index = _update_index(library, engine, index_kind, rebuild_all=rebuild or bool(report.removed))
         if threshold is not None:
             library.routing = {"threshold": threshold, "margin": 0.0, "source": "user"}
@@ -166,13 +171,25 @@ def build_library(
             library.routing = {"threshold": geometry_threshold(index), "margin": 0.0, "source": "geometry"}
             logger.info("routing threshold %.3f derived from the entries' embeddings", library.threshold)
         library.save()
+        for stale in stale_index_files(path, {library.index["file"], str(previous_index)}):
+            stale.unlink(missing_ok=True)
     return report
+
+
+def _fit_problems(engine: GraftEngine, entry: Entry) -> list[str]:
+    """Why an entry cannot be built under ``engine``'s n_ctx (checked before anything is written)."""
+    needed = len(engine.prefix_tokens(entry)) + len(
+        engine.backend.tokenize(render_query(entry.problem, same_as=entry), add_bos=False)
+    )
+    if needed + 1 > engine.backend.n_ctx:
+        return [f"needs {needed + 1} tokens with its probe; n_ctx is {engine.backend.n_ctx}"]
+    return []
 
 
 def _build_entry(engine: GraftEngine, path: Path, entry: Entry, src_sha: str, fp_sha: str) -> EntryRecord:
     tokens, payload, max_diff = capture_entry(engine, entry)
     data = encode_state(entry.id, tokens, engine.fingerprint, payload)
-    state_file = f"states/{entry.id}.kvg"
+    state_file = state_file_name(entry.id)
     atomic_write(path / state_file, data)
     return EntryRecord(
         entry=entry,
@@ -200,9 +217,7 @@ def _model_record(engine: GraftEngine) -> dict[str, Any]:
     return {"path": str(model_path), "sha256": engine.model_sha256, "bundled": bundled}
 
 
-def _update_index(
-    library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool
-) -> VectorIndex:
+def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool) -> VectorIndex:
     """Add missing entries to the index; rebuild it when entries left or changed, or the embedder did."""
     embedder = engine.embedder
     kind = kind or library.index.get("kind") or "flat"

@@ -69,7 +69,7 @@ def entry_problems(entry: Entry) -> list[str]:
         return []
     answer = normalize_answer(entry.answer)
     solution = normalize_answer(entry.solution.replace(",", ""))
-    pattern = r"(?<![\w.])" + re.escape(answer.replace(",", "")) + r"(?![\w]|\.\d)"
+    pattern = r"(?<![\w.-])" + re.escape(answer.replace(",", "")) + r"(?![\w]|\.\d)"  # "4" is not in "-4"
     if not re.search(pattern, solution):
         return [f"answer {entry.answer!r} does not appear in the solution"]
     return []

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._exceptions import ConfigError
@@ -36,6 +36,14 @@ def import_callable(spec: str, what: str) -> Callable[..., Any]:
     if not callable(func):
         raise ConfigError(f"{what} {spec!r} is not callable")
     return func  # type: ignore[no-any-return]
+
+
+def check_threshold(value: Any) -> None:
+    """A routing threshold is a cosine similarity in [0, 1] (``None``: the library's); NaN is refused."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"threshold must be a number within [0, 1], got {value!r}")
 
 
 def _default_threads() -> int:
@@ -80,6 +88,8 @@ class LlamaConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_batch > self.n_ctx:  # llama.cpp caps its batch at n_ctx and then aborts on a full chunk
+            raise ConfigError(f"n_batch ({self.n_batch}) must not exceed n_ctx ({self.n_ctx}): lower --n-batch too")
         if self.n_ubatch > self.n_batch:
             raise ConfigError(f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
         for name in ("type_k", "type_v"):
@@ -129,8 +139,7 @@ class EngineConfig:
     """HMAC key file; when set, only a correctly signed library is used."""
 
     def __post_init__(self) -> None:
-        if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
-            raise ConfigError(f"threshold must be within [-1, 1], got {self.threshold}")
+        check_threshold(self.threshold)
         if self.margin is not None and not 0.0 <= self.margin <= 2.0:
             raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
         if self.top_k < 1:

@@ -39,10 +39,10 @@ from ._exceptions import (
     StateError,
 )
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
-from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key
+from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key, source_sha256, visible
 from ._models import bundled_model_path, file_sha256
-from ._state import FORMAT_VERSION, SavedState
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
+from ._state import FORMAT_VERSION, SavedState
 from ._template import TEMPLATE_VERSION, Entry, render_entry, render_preamble, render_query
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
 
@@ -79,6 +79,8 @@ class GraftResult:
     """embed, search, read, check, restore, prefill, first_token, decode."""
     match: list[dict[str, Any]] = field(default_factory=list)
     """The router's guard trail: every guard that ran, on which entry, and what it said."""
+    notes: list[str] = field(default_factory=list)
+    """What the engine changed in the request and why (a decode budget capped to fit the entry)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object."""
@@ -106,6 +108,9 @@ class _Plan:
     reason: str | None = None
     trail: tuple[GuardVerdict, ...] = ()
     """What the router's guards said (empty when the router was not asked)."""
+    max_tokens: int | None = None
+    """The decode budget when it had to shrink to fit the entry; ``None``: as requested."""
+    notes: list[str] = field(default_factory=list)
 
 
 class GraftEngine:
@@ -148,9 +153,14 @@ class GraftEngine:
             self._worker.submit(self._warm_up).result()
 
     def _warm_up(self) -> None:
-        """Load torch, the embedder and the index now, on the worker thread, not in the first TTFT."""
+        """Load torch, the embedder and the index now, on the worker thread, not in the first TTFT.
+
+        A broken index is reported when routing needs it; plain decoding still works."""
         self.embedder.encode(["warm-up"])
-        _ = self.index
+        try:
+            _ = self.index
+        except LibraryError as exc:
+            logger.warning("library %s cannot route until it is rebuilt: %s", self.library.path, exc)  # type: ignore[union-attr]
 
     # -- setup ----------------------------------------------------------------------------------------
 
@@ -187,10 +197,15 @@ class GraftEngine:
 
     @property
     def index(self) -> VectorIndex | None:
-        """The library's faiss index, loaded and checked on first use (``None`` without a library)."""
-        if self._index is None and self.library is not None and self.library.entries:
+        """The library's faiss index, loaded and checked on first use (``None`` without a library, or before
+        a first build has written one)."""
+        if self._index is None and self.library is not None and self.library.entries and self.library.index:
             self._index = open_index(self.library, self.embedder)
         return self._index
+
+    def reload_index(self) -> None:
+        """Forget the loaded index and router: the next request reads the library's index again."""
+        self._index, self._router = None, None
 
     @property
     def router(self) -> Router | None:
@@ -237,7 +252,7 @@ class GraftEngine:
 
     def search(self, question: str, k: int | None = None) -> list[Hit]:
         """The ``k`` library entries nearest to ``question``, best first (no threshold applied)."""
-        _check_question(question)
+        check_question(question)
 
         def run() -> list[Hit]:
             index = self.index
@@ -277,7 +292,7 @@ class GraftEngine:
         """
         if mode not in ("auto", *ROUTES):
             raise ConfigError(f"mode must be one of auto, graft, text-rag, plain; got {mode!r}")
-        _check_question(question)
+        check_question(question)
         budget = max_tokens if max_tokens is not None else self.config.max_tokens
         if budget < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {budget}")
@@ -330,6 +345,8 @@ class GraftEngine:
 
         plan = self._plan(question, suffix, mode, entry_id, settings["max_tokens"], phases)
         logits = self._prefill(plan, phases)
+        if plan.max_tokens is not None:
+            settings["max_tokens"] = plan.max_tokens
         yield from self._decode(plan, logits, start=start, phases=phases, cancel=cancel, **settings)
 
     def _plan(
@@ -369,7 +386,7 @@ class GraftEngine:
         else:
             router = self.router
             if router is None:
-                return self._no_match(plain, "the library is empty")
+                return self._no_match(plain, "the library has no entries or no index yet (rerun kvgraft build)")
             decision = router.route(question)
             phases.update(decision.phases_ms)
             plain.trail = decision.trail
@@ -377,15 +394,27 @@ class GraftEngine:
                 return self._no_match(plain, decision.reason)
             record, score = library.get(decision.entry_id), decision.score
 
-        suffix = render(record.entry)
-        if len(record.tokens) + len(suffix) + budget > self.backend.n_ctx:
-            plain.reason = f"too-long: entry {record.id} + query + {budget} tokens exceed n_ctx={self.backend.n_ctx}"
+        if source_sha256(record.entry) != record.source_sha256:
+            # text that fails its check never reaches a prompt, on any route
+            plain.reason = f"integrity: the text of entry {record.id!r} changed after it was built"
             return plain
+        suffix = render(record.entry)
+        room = self.backend.n_ctx - len(record.tokens) - len(suffix)
+        if room < 1:
+            plain.reason = f"too-long: entry {record.id} + query exceed n_ctx={self.backend.n_ctx}"
+            return plain
+        notes = []
+        if budget > room:
+            notes.append(f"max_tokens {budget} capped at {room}: what fits after entry {record.id} in n_ctx")
+            budget = room
 
         def text_rag(reason: str | None = None) -> _Plan:
-            # rendered from the entry's text, so a damaged manifest or state cannot change the prompt
+            # rendered from the entry's text (checked above), so a damaged state cannot change the prompt
             tokens = self.prefix_tokens(record) + suffix
-            return _Plan("text-rag", tokens, len(suffix), record, score=score, reason=reason, trail=plain.trail)
+            return _Plan(
+                "text-rag", tokens, len(suffix), record, score=score, reason=reason, trail=plain.trail,
+                max_tokens=budget, notes=notes,
+            )  # fmt: skip
 
         if mode == "text-rag":
             return text_rag()
@@ -398,12 +427,16 @@ class GraftEngine:
             )
         except FileNotFoundError:
             return text_rag(f"missing: state file of {record.id} not found")
+        except OSError as exc:
+            return text_rag(f"missing: state file of {record.id} cannot be read ({exc.strerror or exc})")
         except StateError as exc:
             logger.warning("entry %s falls back to text RAG: %s", record.id, exc)
             return text_rag(f"{exc.reason}: {exc}")
         finally:
             phases["check"] = _ms(t0, time.perf_counter())
-        return _Plan("graft", suffix, len(suffix), record, state, score, trail=plain.trail)
+        return _Plan(
+            "graft", suffix, len(suffix), record, state, score, trail=plain.trail, max_tokens=budget, notes=notes
+        )
 
     def _no_match(self, plain: _Plan, message: str) -> _Plan:
         if self.config.fallback == "raise":
@@ -502,7 +535,7 @@ class GraftEngine:
                 text=final,
                 route=plan.route,
                 entry_id=record.id if record else None,
-                score=plan.score if record else None,
+                score=round(plan.score, 6) if record and plan.score is not None else None,
                 fallback_reason=plan.reason,
                 prefill_tokens=len(plan.tokens),
                 restored_tokens=len(plan.state.tokens) if plan.state is not None else 0,
@@ -512,6 +545,7 @@ class GraftEngine:
                 finish_reason=finish,
                 phases_ms={k: round(v, 3) for k, v in phases.items()},
                 match=[v.to_json() for v in plan.trail],
+                notes=list(plan.notes),
             ),
         )
 
@@ -537,10 +571,11 @@ def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
     return Path(model["path"]) if model.get("path") else None
 
 
-def _check_question(question: Any) -> None:
+def check_question(question: Any) -> None:
+    """Refuse a query that is not a non-empty, visible, valid Unicode string (`QueryError`)."""
     if not isinstance(question, str):
         raise QueryError(f"the query must be a string, got {type(question).__name__}")
-    if not question.strip():
+    if not visible(question):
         raise QueryError("the query is empty")
     try:
         question.encode("utf-8")

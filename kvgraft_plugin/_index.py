@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ logger = logging.getLogger(__name__)
 
 IndexKind = Literal["flat", "hnsw"]
 INDEX_FILE = "index.faiss"
+_INDEX_NAME = re.compile(r"index(?:-[0-9a-f]{16})?\.faiss")
+
+
+def stale_index_files(folder: Path, keep: set[str]) -> list[Path]:
+    """Index files of ``folder`` other than ``keep`` (the current one and the one before it)."""
+    return [p for p in folder.glob("index*.faiss") if _INDEX_NAME.fullmatch(p.name) and p.name not in keep]
 
 
 class Embedder:
@@ -132,20 +139,21 @@ class VectorIndex:
         import faiss
 
         data = faiss.serialize_index(self._index).tobytes()
-        atomic_write(folder / INDEX_FILE, data)
-        return {
-            "kind": self.kind,
-            "file": INDEX_FILE,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "ids": list(self.ids),
-        }
+        sha256 = hashlib.sha256(data).hexdigest()
+        # named by its content: a reader holding the previous manifest still finds the previous index
+        name = f"index-{sha256[:16]}.faiss"
+        atomic_write(folder / name, data)
+        return {"kind": self.kind, "file": name, "sha256": sha256, "ids": list(self.ids)}
 
     @classmethod
     def load(cls, folder: Path, record: dict[str, Any], dim: int) -> VectorIndex:
         """Read the index and check it against its manifest record; raise `LibraryError` if it differs."""
         import faiss
 
-        path = folder / record.get("file", INDEX_FILE)
+        name = record.get("file", INDEX_FILE)
+        if not isinstance(name, str) or not _INDEX_NAME.fullmatch(name):
+            raise LibraryError(f"index file name {name!r} is not a file of the library")
+        path = folder / name
         try:
             data = path.read_bytes()
         except OSError as exc:

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import threading
+import unicodedata
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -86,14 +87,69 @@ class EntryRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EntryRecord:
-        """Parse a manifest record; raises `LibraryError` when malformed."""
+        """Parse a manifest record; raises `LibraryError` when malformed (wrong types, a path outside states/)."""
         try:
             fields = dict(data)
             fields["entry"] = parse_entry(fields["entry"])
-            fields["tokens"] = tuple(int(t) for t in fields["tokens"])
+            fields["tokens"] = tuple(_typed(t, int, "tokens") for t in fields["tokens"])
+            for name in ("state_file", "state_sha256", "state_digest", "fingerprint_sha256", "source_sha256"):
+                _typed(fields[name], str, name)
+            _typed(fields["state_bytes"], int, "state_bytes")
+            fields["fidelity_max_diff"] = float(
+                _typed(fields.get("fidelity_max_diff", 0.0), (int, float), "fidelity_max_diff")
+            )
+            if fields["fidelity"] not in ("exact", "inexact"):
+                raise ValueError(f"fidelity must be 'exact' or 'inexact', got {fields['fidelity']!r}")
+            if not _STATE_FILE.fullmatch(fields["state_file"]):
+                raise ValueError(f"state_file must be a file under states/, got {fields['state_file']!r}")
             return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise LibraryError(f"malformed manifest record: {exc}") from exc
+
+
+#: Every path a manifest names stays inside the library: a plain file name under ``states/``.
+_STATE_FILE = re.compile(r"states/[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.kvg")
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{name} has the wrong type: {value!r}")
+    return value
+
+
+def state_file_name(entry_id: str) -> str:
+    """Where an entry's state lives: a hash of its id, so that no id can name a path."""
+    return f"states/{hashlib.sha256(entry_id.encode('utf-8')).hexdigest()[:32]}.kvg"
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads`` that refuses duplicate keys (which would silently keep the last value)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ValueError(f"duplicate key {key!r}")
+            out[key] = value
+        return out
+
+    return json.loads(text, object_pairs_hook=pairs)
+
+
+def visible(text: str) -> bool:
+    """True when ``text`` has a character that is neither whitespace nor invisible formatting (zero-width...)."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cf", "Cc", "Zs") for ch in text)
+
+
+def check_text(value: Any, name: str) -> str:
+    """A non-empty, visible, UTF-8-encodable string, or `ValueError` saying which field is wrong."""
+    if not isinstance(value, str) or not visible(value):
+        raise ValueError(f"'{name}' must be a non-empty string with visible text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"'{name}' is not valid Unicode (a lone surrogate?)") from exc
+    return value
 
 
 def source_sha256(entry: Entry) -> str:
@@ -116,14 +172,16 @@ def _routing(data: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError("'routing' must be an object")
     for name in ("threshold", "margin"):
         value = routing.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 2):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 2
+        ):
             raise ValueError(f"routing {name} must be a number within [-1, 2], got {value!r}")
     return dict(routing)
 
 
 # -- source files -------------------------------------------------------------------------------------
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def parse_entry(obj: Any) -> Entry:
@@ -134,18 +192,18 @@ def parse_entry(obj: Any) -> Entry:
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
     entry_id = obj.get("id")
-    if not isinstance(entry_id, str) or not _ID_RE.match(entry_id):
+    if not isinstance(entry_id, str) or not _ID_RE.fullmatch(entry_id):
         raise ValueError(f"'id' must match {_ID_RE.pattern}, got {entry_id!r}")
     for name in ("problem", "solution"):
-        value = obj.get(name)
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"'{name}' must be a non-empty string")
+        check_text(obj.get(name), name)
     answer = obj.get("answer")
-    if answer is not None and (not isinstance(answer, str) or not answer.strip()):
-        raise ValueError("'answer' must be a non-empty string when given")
+    if answer is not None:
+        check_text(answer, "answer")
     tags = obj.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ValueError("'tags' must be a list of strings")
+    for tag in tags:
+        check_text(tag, "tags")
     return Entry(entry_id, obj["problem"], obj["solution"], answer, tuple(tags))
 
 
@@ -162,7 +220,7 @@ def read_source(path: str | Path) -> list[Entry]:
         if not line.strip():
             continue
         try:
-            entry = parse_entry(json.loads(line.decode("utf-8")))
+            entry = parse_entry(loads_json(line.decode("utf-8")))
         except UnicodeDecodeError as exc:
             raise SourceError(f"{path}:{lineno}: not valid UTF-8") from exc
         except ValueError as exc:
@@ -312,7 +370,7 @@ class Library:
             elif not hmac.compare_digest(sig_path.read_bytes().strip(), _hmac(key, raw).encode()):
                 trusted, reason = False, "the signature does not match the manifest"
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = loads_json(raw.decode("utf-8"))
             if data.get("format") != MANIFEST_FORMAT:
                 raise LibraryError(f"manifest format {data.get('format')!r}, expected {MANIFEST_FORMAT}")
             entries = {k: EntryRecord.from_json(v) for k, v in data["entries"].items()}
@@ -353,10 +411,22 @@ class Library:
         value = self.routing.get("threshold")
         return None if value is None else float(value)
 
-    def save(self) -> None:
-        """Write the manifest atomically. An existing signature no longer matches and is removed."""
-        atomic_write(self.path / MANIFEST, json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
-        (self.path / SIGNATURE).unlink(missing_ok=True)
+    def save(self) -> bool:
+        """Write the manifest atomically if it changed; return whether it did.
+
+        A changed manifest no longer matches its signature, which is removed (with a warning: the library
+        must be signed again). An unchanged one is not rewritten, and keeps its signature.
+        """
+        data = (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode("utf-8")
+        path = self.path / MANIFEST
+        if path.is_file() and path.read_bytes() == data:
+            return False
+        atomic_write(path, data)
+        signature = self.path / SIGNATURE
+        if signature.is_file():
+            signature.unlink()
+            logger.warning("%s changed: its signature was removed; sign it again (kvgraft sign)", path)
+        return True
 
     def sign(self, key: bytes) -> Path:
         """Write ``manifest.sig``: HMAC-SHA256 of the manifest bytes (entries, hashes, index)."""

@@ -22,7 +22,17 @@ from ._config import import_callable
 from ._signature import ORDERED, Signature, signature
 from ._template import Entry
 
-__all__ = ["DEFAULT_GUARDS", "Candidate", "Guard", "GuardVerdict", "Match", "MatchCheck", "NoMatch", "Router", "load_match_check"]
+__all__ = [
+    "DEFAULT_GUARDS",
+    "Candidate",
+    "Guard",
+    "GuardVerdict",
+    "Match",
+    "MatchCheck",
+    "NoMatch",
+    "Router",
+    "load_match_check",
+]
 
 #: A user hook: ``match_check(question, entry, score) -> bool``; False refuses the match.
 MatchCheck = Callable[[str, Entry, float], bool]
@@ -121,7 +131,7 @@ def units_guard(c: Candidate) -> str | None:
 
 
 def relations_guard(c: Candidate) -> str | None:
-    """"X of Y" is not inverted ("the square of the sum" is not "the sum of the squares")."""
+    """ "X of Y" is not inverted ("the square of the sum" is not "the sum of the squares")."""
     inverted = sorted(f"{a} of {b}" for a, b in c.query.relations if (b, a) in c.problem.relations)
     return f"inverted relation: {inverted}" if inverted else None
 
@@ -227,6 +237,9 @@ class Router:
             return NoMatch("the library is empty", phases_ms=phases)
         trail: list[GuardVerdict] = []
         first_refusal: str | None = None
+        hits = [(entry_id, score) for entry_id, score in hits if entry_id in self._entries]  # mid-prune
+        if not hits:
+            return NoMatch("the index lists no entry of the manifest", phases_ms=phases)
         for i, (entry_id, score) in enumerate(hits[: self.top_k]):
             if score < self.threshold:
                 if i == 0:
@@ -257,9 +270,9 @@ class Router:
         """Run threshold, margin, the guards and the user hook; record each verdict; return the refusal."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
         if self.margin > 0 and c.runner_up is not None and c.score - c.runner_up < self.margin:
-            reason = f"within margin {self.margin} of another entry ({c.score:.3f} vs {c.runner_up:.3f})"
-            trail.append(GuardVerdict("margin", c.entry.id, False, reason))
-            return reason
+            refusal = f"within margin {self.margin} of another entry ({c.score:.3f} vs {c.runner_up:.3f})"
+            trail.append(GuardVerdict("margin", c.entry.id, False, refusal))
+            return refusal
         for name, guard in self.guards:
             reason = guard(c)
             trail.append(GuardVerdict(name, c.entry.id, reason is None, reason))

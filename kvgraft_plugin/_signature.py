@@ -64,16 +64,50 @@ _PHRASES: tuple[tuple[str, str], ...] = (
 
 # Single words mapped to a canonical term (after light stemming).
 _SYNONYMS: dict[str, str] = {
-    "squared": "square", "cubed": "cube", "hexadecimal": "hex", "kilometre": "km", "kilometer": "km",
-    "centimetre": "cm", "centimeter": "cm", "metre": "m", "meter": "m", "hr": "hour", "min": "minute",
-    "sec": "second", "dollar": "dollar", "usd": "dollar", "cent": "cent",
-    "remain": "left", "remaining": "left", "leftover": "left",
-    "go": "travel", "goe": "travel", "cover": "travel", "drive": "travel", "drife": "travel",
-    "wide": "width", "tall": "height", "high": "height",
-    "fib": "fibonacci", "comparison": "compare", "step": "step", "handshake": "handshake",
-    "shake": "handshake", "discounted": "discount", "sale": "discount", "off": "discount",
-    "cost": "cost", "price": "cost", "costs": "cost", "priced": "cost", "old": "age",
-    "evaluates": "evaluate", "evaluate": "", "give": "", "return": "", "returns": "",
+    "squared": "square",
+    "cubed": "cube",
+    "hexadecimal": "hex",
+    "kilometre": "km",
+    "kilometer": "km",
+    "centimetre": "cm",
+    "centimeter": "cm",
+    "metre": "m",
+    "meter": "m",
+    "hr": "hour",
+    "min": "minute",
+    "sec": "second",
+    "dollar": "dollar",
+    "usd": "dollar",
+    "cent": "cent",
+    "remain": "left",
+    "remaining": "left",
+    "leftover": "left",
+    "go": "travel",
+    "goe": "travel",
+    "cover": "travel",
+    "drive": "travel",
+    "drife": "travel",
+    "wide": "width",
+    "tall": "height",
+    "high": "height",
+    "fib": "fibonacci",
+    "comparison": "compare",
+    "step": "step",
+    "handshake": "handshake",
+    "shake": "handshake",
+    "discounted": "discount",
+    "sale": "discount",
+    "off": "discount",
+    "cost": "cost",
+    "price": "cost",
+    "costs": "cost",
+    "priced": "cost",
+    "old": "age",
+    "evaluates": "evaluate",
+    "evaluate": "",
+    "give": "",
+    "return": "",
+    "returns": "",
 }
 
 # Canonical terms that name an operation, a concept, a unit or a condition: the words that change a problem.
@@ -109,10 +143,25 @@ _NUMBER_WORDS: dict[str, int] = {
     )
     if w != "_"
 }
-_NUMBER_WORDS.update({w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if i > 1})
+_NUMBER_WORDS.update(
+    {w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if i > 1}
+)
 _ORDINAL_WORDS = {
-    "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8,
-    "ninth": 9, "tenth": 10, "twice": 2, "half": 2, "thrice": 3, "double": 2, "triple": 3,
+    "first": 1,
+    "second": 2,
+    "third": 3,
+    "fourth": 4,
+    "fifth": 5,
+    "sixth": 6,
+    "seventh": 7,
+    "eighth": 8,
+    "ninth": 9,
+    "tenth": 10,
+    "twice": 2,
+    "half": 2,
+    "thrice": 3,
+    "double": 2,
+    "triple": 3,
 }
 _ORDINAL_TERMS = {"twice": "mul", "double": "mul", "thrice": "mul", "triple": "mul", "half": "div"}
 
@@ -123,7 +172,9 @@ _INDEX = re.compile(r"\[\s*-?\d+\s*\]")
 _BOOL = re.compile(r"\b(True|False|None)\b")
 _HEX = re.compile(r"(?<![\w.])(-?)0x([0-9a-f]+)\b")
 _WORD_NUMBER = re.compile(
-    r"\b(" + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True)) + r")(?:[- ](one|two|three|four|five|six|seven|eight|nine))?\b"
+    r"\b("
+    + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True))
+    + r")(?:[- ](one|two|three|four|five|six|seven|eight|nine))?\b"
 )
 _NUMBER = re.compile(r"(?<![\w.])(-?)(\d+(?:,\d{3})*(?:\.\d+)?)(?:st|nd|rd|th)?(?![\d])")
 _TOKEN = re.compile(r"#[a-j]+|[a-z][a-z0-9_']*")

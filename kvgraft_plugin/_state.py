@@ -153,12 +153,19 @@ def read_file(path: Path) -> bytearray:
     return buf
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, data: bytes | bytearray | str) -> None:
     """Write ``data`` to a temp file in the same folder, fsync it, then rename it over ``path``."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; library files follow the umask
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

@@ -6,11 +6,13 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from ._engine import GraftEngine
-from ._exceptions import KVGraftError, StateError
-from ._library import fingerprint_sha256
+from ._exceptions import IndexMismatchError, KVGraftError, LibraryError, StateError
+from ._library import fingerprint_sha256, source_sha256
 from ._state import read_file
-from ._template import render_query
+from ._template import Entry, render_query
 
 __all__ = ["VerifyRow", "verify_library"]
 
@@ -41,6 +43,16 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
     rows = []
     for record in library.entries.values():
         row = VerifyRow(record.id, True)
+        if source_sha256(record.entry) != record.source_sha256:
+            # edited text is never served nor rebuilt from: only the source can restore it
+            rows.append(
+                VerifyRow(
+                    record.id,
+                    False,
+                    "integrity: the entry's text changed after it was built; rebuild it from its source",
+                )
+            )
+            continue
         try:
             path = library.path / record.state_file
             if path.is_file() and hashlib.sha256(read_file(path)).hexdigest() != record.state_sha256:
@@ -52,7 +64,7 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
                 lambda state: engine._validate_payload(state, record),  # noqa: B023
             )
             if fidelity:
-                diff = _fidelity(engine, list(record.tokens), state.payload, record.entry.problem)
+                diff = _fidelity(engine, list(record.tokens), state.payload, record.entry)
                 if diff is not None:
                     row.ok, row.reason = False, f"inexact: restore + probe differs from prefill + probe ({diff})"
         except FileNotFoundError:
@@ -68,12 +80,41 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
             engine.state_cache.discard(f"{library.path.resolve()}::{record.id}::{record.state_digest}")
             row.repaired = True
         rows.append(row)
+    rows.append(_verify_index(engine, repair=repair))
     return rows
 
 
-def _fidelity(engine: GraftEngine, tokens: list[int], payload: Any, problem: str) -> str | None:
+def _verify_index(engine: GraftEngine, *, repair: bool) -> VerifyRow:
+    """The index lists exactly the manifest's entries, and each row is the embedding of its entry's problem
+    (two swapped ids would graft the wrong entry)."""
+    from ._build import _update_index
+
+    library = engine.library
+    assert library is not None
+    reason = None
+    try:
+        index = engine.index
+        if index is None or set(index.ids) != set(library.entries):
+            raise LibraryError("the index does not list exactly the manifest's entries")
+        expected = engine.embedder.encode([library.entries[i].entry.problem for i in index.ids])
+        worst = float(np.min(np.sum(expected * index.vectors(), axis=1)))
+        if worst < 0.999:
+            raise IndexMismatchError(f"an index row is not its entry's problem (cosine {worst:.3f})")
+    except LibraryError as exc:
+        reason = f"index: {exc}"
+    if reason is None:
+        return VerifyRow("(index)", True)
+    if not repair:
+        return VerifyRow("(index)", False, reason)
+    _update_index(library, engine, None, rebuild_all=True)
+    library.save()
+    engine.reload_index()
+    return VerifyRow("(index)", False, reason, repaired=True)
+
+
+def _fidelity(engine: GraftEngine, tokens: list[int], payload: Any, entry: Entry) -> str | None:
     from ._build import restore_diff
 
-    probe = engine.backend.tokenize(render_query(problem), add_bos=False)
+    probe = engine.backend.tokenize(render_query(entry.problem, same_as=entry), add_bos=False)
     diff = restore_diff(engine.backend, tokens, payload, probe)
     return None if diff == 0.0 else f"max |diff| {diff:.4g}"

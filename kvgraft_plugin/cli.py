@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,7 +57,9 @@ def routing_options(func: F) -> F:
     """Routing settings for ``ask`` and ``bench``."""
     options = [
         click.option("--threshold", type=float, help="Cosine threshold (default: the library's)."),
-        click.option("--margin", type=float, help="Required gap to the best other entry's score (default: the library's)."),
+        click.option(
+            "--margin", type=float, help="Required gap to the best other entry's score (default: the library's)."
+        ),
         click.option("--top-k", type=int, help="Neighbours searched."),
         click.option(
             "--guards/--no-guards",
@@ -91,7 +93,20 @@ def _engine(library: str | None, config: EngineConfig) -> Any:
     return GraftEngine(library, config=config)
 
 
-@click.group()
+class _Group(click.Group):
+    """Turns every library error, and any OS error (permissions, a missing folder), into one clean line and
+    exit status 1, for every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KVGraftError as exc:
+            raise _fail(exc) from exc
+        except OSError as exc:
+            raise click.ClickException(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)) from exc
+
+
+@click.group(cls=_Group)
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
 @click.version_option(package_name="kvgraft-plugin")
 def main(verbose: int) -> None:
@@ -162,21 +177,26 @@ def build(
     )
 
 
-def _read_queries(path: str) -> Iterator[dict[str, Any]]:
-    try:
-        lines = Path(path).read_bytes().splitlines()
-    except OSError as exc:
-        raise _fail(exc) from exc
-    for lineno, line in enumerate(lines, start=1):
+def _read_queries(path: str) -> list[dict[str, Any]]:
+    """Every query of a JSONL file; a malformed line fails the whole file, naming the line."""
+    from ._library import check_text, loads_json
+
+    rows = []
+    for lineno, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line.decode("utf-8"))
+            row = loads_json(line.decode("utf-8"))
+            if not isinstance(row, dict):
+                raise ValueError('expected {"id": str, "question": str, ...}')
+            check_text(row.get("id"), "id")
+            check_text(row.get("question"), "question")
         except (UnicodeDecodeError, ValueError) as exc:
             raise _fail(SourceError(f"{path}:{lineno}: {exc}")) from exc
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("id"), str):
-            raise _fail(SourceError(f'{path}:{lineno}: expected {{"id": str, "question": str, ...}}'))
-        yield row
+        rows.append(row)
+    if not rows:
+        raise _fail(SourceError(f"{path}: no queries"))
+    return rows
 
 
 @main.command()
@@ -200,10 +220,17 @@ def ask(
     **options: Any,
 ) -> None:
     """Answer QUESTION (or every line of --queries) through the library."""
+    from ._engine import check_question
+    from ._library import Library
+
     if (question is None) == (queries is None):
         raise click.UsageError("give either QUESTION or --queries")
     config = make_config(options, max_tokens=max_tokens)
-    rows = list(_read_queries(queries)) if queries else [{"id": None, "question": question}]
+    rows = _read_queries(queries) if queries else [{"id": None, "question": question}]
+    if question is not None:
+        check_question(question)  # before the model loads
+    if entry_id is not None and library is not None:
+        Library.open(library).get(entry_id)
     try:
         with _engine(library, config) as engine:
             for row in rows:
@@ -332,7 +359,7 @@ def bench(
     unknown = set(chosen) - set(MODES)
     if unknown or not chosen:
         raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
-    rows = list(_read_queries(queries))
+    rows = _read_queries(queries)
     try:
         check = load_checker(checker) if checker else None
         with _engine(library, make_config(options)) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
@@ -363,7 +390,7 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
     from ._calibrate import calibrate as run_calibrate
     from ._library import Library
 
-    rows = list(_read_queries(queries))
+    rows = _read_queries(queries)
     try:
         with _engine(library, make_config(options)) as engine:
             chosen, curve = run_calibrate(engine, rows)
@@ -375,7 +402,17 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
         raise _fail(exc) from exc
     if as_json:
         points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong, "recall": p.recall} for p in curve]
-        click.echo(json.dumps({"threshold": chosen.threshold, "right": chosen.right, "wrong": chosen.wrong, "curve": points, "resign": was_signed}))
+        click.echo(
+            json.dumps(
+                {
+                    "threshold": chosen.threshold,
+                    "right": chosen.right,
+                    "wrong": chosen.wrong,
+                    "curve": points,
+                    "resign": was_signed,
+                }
+            )
+        )
     else:
         click.echo("threshold  routed right  wrong")
         for p in curve[:: max(1, len(curve) // 25)]:

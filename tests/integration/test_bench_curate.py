@@ -75,11 +75,27 @@ def test_bench_writes_every_artifact(bench_out):
     assert summary["plots"] and all((out / p).stat().st_size > 1000 for p in summary["plots"])
 
 
+def test_bench_counts_wrong_grafts_and_false_copies(small_library, gemma_path, tmp_path):
+    """Without guards the near-miss grafts onto the 17 x 23 entry and copies its answer: both are counted."""
+    from kvgraft_plugin import GraftEngine
+
+    near_miss = {"id": "nm", "question": "What is 17 plus 23?", "answer": "40", "expect_entry": None,
+                 "near_miss_of": "mul-17x23", "kind": "near-miss/operation"}  # fmt: skip
+    with GraftEngine(small_library, model_path=str(gemma_path), n_threads=2, guards=False) as engine:
+        loose = run_bench(engine, [near_miss], tmp_path / "loose", modes=["graft"], max_tokens=8)
+    with GraftEngine(small_library, model_path=str(gemma_path), n_threads=2) as engine:
+        guarded = run_bench(engine, [near_miss], tmp_path / "guarded", modes=["graft"], max_tokens=8)
+    assert loose["modes"]["graft"]["by_kind"]["near-miss/operation"]["grafted"] == 1
+    assert loose["retrieval"] == {"labelled": 1, "hits": 0, "wrong_grafts": 1, "false_copies": 1}
+    assert guarded["retrieval"] == {"labelled": 1, "hits": 1, "wrong_grafts": 0, "false_copies": 0}
+    assert "| near-miss/operation | 1 |" in (tmp_path / "guarded" / "summary.md").read_text()
+
+
 def test_bench_identity_retrieval_and_tokens(bench_out):
     out, summary = bench_out
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert summary["n_grafted"] == 3 and summary["identical_rate"] == 1.0
-    assert summary["retrieval"] == {"labelled": 4, "hits": 4, "wrong_grafts": 0}
+    assert summary["retrieval"] == {"labelled": 4, "hits": 4, "wrong_grafts": 0, "false_copies": 0}
     graft = {r["id"]: r for r in rows if r["mode"] == "graft"}
     plain = {r["id"]: r for r in rows if r["mode"] == "plain"}
     assert graft["q1"]["correct"] is True and plain["q1"]["correct"] is False

@@ -22,6 +22,8 @@ JSON_KEYS = {
     "total_ms",
     "phases_ms",
     "finish_reason",
+    "match",
+    "notes",
 }
 
 
@@ -64,6 +66,16 @@ def test_ask_json_contract(cli_library):
     assert out["route"] == "graft" and out["entry_id"] == "mul" and out["fallback_reason"] is None
     assert out["text"] == "391" and out["restored_tokens"] > 0 and out["ttft_ms"] > 0
     assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
+    assert [v["guard"] for v in out["match"]] == [
+        "threshold",
+        "numbers",
+        "code",
+        "terms",
+        "units",
+        "relations",
+        "asked",
+    ]
+    assert all(v["passed"] and v["entry_id"] == "mul-17x23" for v in out["match"])
 
 
 def test_ask_queries_file(cli_library, tmp_path):

@@ -268,12 +268,15 @@ def test_broken_index_fails_clearly_and_build_rebuilds_it(small_library, gemma, 
     from kvgraft_plugin._build import build_library
 
     lib = _copy(small_library, tmp_path)
+    index_file = lib / _manifest(lib)["index"]["file"]
     if damage == "missing":
-        (lib / "index.faiss").unlink()
+        index_file.unlink()
     else:
-        (lib / "index.faiss").write_bytes(b"not an index")
-    with pytest.raises(LibraryError, match="index"):
-        GraftEngine(lib, model_path=str(gemma.backend.model_path), n_threads=2)
+        index_file.write_bytes(b"not an index")
+    with GraftEngine(lib, model_path=str(gemma.backend.model_path), n_threads=2) as broken:
+        assert broken.ask("What is 17 times 23?", mode="plain", max_tokens=2).route == "plain"
+        with pytest.raises(LibraryError, match="index"):
+            broken.ask("What is 17 times 23?", max_tokens=2)
     entries = [r.entry for r in Library.open(lib).entries.values()]
     report = build_library(lib, entries, engine=gemma)
     assert report.built == [] and len(Library.open(lib).index["ids"]) == len(entries)

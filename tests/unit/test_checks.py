@@ -47,3 +47,8 @@ def test_load_checker():
     assert load_checker("kvgraft_plugin._checks:default_check") is default_check
     with pytest.raises(ValueError):
         load_checker("nonsense")
+
+
+def test_a_positive_answer_is_not_found_in_a_negative_one():
+    assert entry_problems(Entry("n", "What is -7 // 2?", "-7 // 2 = -4", "4"))
+    assert entry_problems(Entry("n", "What is -7 // 2?", "-7 // 2 = -4", "-4")) == []

@@ -41,7 +41,10 @@ GUARD_CASES = {
             ("What is 0x17 times 23?", "What is 17 times 23?"),  # another base
             ("What is seventeen times twenty-four?", "What is 17 times 23?"),
             ("What is 20 to the power of 2?", "What is 2 to the power of 20?"),  # order, not commutative
-            ("A farmer has 3 crates of 24 apples. How many apples?", "A farmer has 3 crates of 24 apples and sells 29."),
+            (
+                "A farmer has 3 crates of 24 apples. How many apples?",
+                "A farmer has 3 crates of 24 apples and sells 29.",
+            ),
         ],
     ),
     code_guard: (
@@ -49,7 +52,10 @@ GUARD_CASES = {
         [
             ("In Python, what is 'kvgraft'[-1]?", "In Python, what does 'kvgraft'[::-1] evaluate to?"),
             ("In Python, what is max(range(3, 30, 4))?", "In Python, what is len(range(3, 30, 4))?"),
-            ("In Python, what is sum([True, False, False, True])?", "In Python, what is sum([True, False, True, True])?"),
+            (
+                "In Python, what is sum([True, False, False, True])?",
+                "In Python, what is sum([True, False, True, True])?",
+            ),
             ("In Python, what does 'kvgrafts'[::-1] evaluate to?", "In Python, what does 'kvgraft'[::-1] evaluate to?"),
         ],
     ),
@@ -58,8 +64,10 @@ GUARD_CASES = {
             ("Compute 48 multiplied by 36.", "What is 48 times 36?"),  # synonyms, instruction verbs
             ("Find the LCM of 12 and 18.", "What is the least common multiple of 12 and 18?"),  # abbreviation
             ("Please, quickly: what is 15% of 240?", "What is 15 percent of 240?"),
-            ("A train covers 180 km in 2.5 hours. What is its average speed in kilometres per hour?",
-             "A train travels 180 kilometres in 2.5 hours. What is its average speed in km/h?"),
+            (
+                "A train covers 180 km in 2.5 hours. What is its average speed in kilometres per hour?",
+                "A train travels 180 kilometres in 2.5 hours. What is its average speed in km/h?",
+            ),
         ],
         [
             ("What is 17 plus 23?", "What is 17 times 23?"),  # another operation
@@ -71,24 +79,44 @@ GUARD_CASES = {
         ],
     ),
     units_guard: (
-        [("A farmer sells 29 apples from 3 crates of 24 apples. How many apples are left?",
-          "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?")],
-        [("A farmer has 3 crates of 24 apples and sells 29 crates. How many apples are left?",
-          "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?")],
+        [
+            (
+                "A farmer sells 29 apples from 3 crates of 24 apples. How many apples are left?",
+                "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?",
+            )
+        ],
+        [
+            (
+                "A farmer has 3 crates of 24 apples and sells 29 crates. How many apples are left?",
+                "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?",
+            )
+        ],
     ),
     relations_guard: (
         [("Find the sum of the squares of 1 to 40.", "What is the sum of the squares of the integers from 1 to 40?")],
-        [("What is the square of the sum of the integers from 1 to 40?",
-          "What is the sum of the squares of the integers from 1 to 40?")],
+        [
+            (
+                "What is the square of the sum of the integers from 1 to 40?",
+                "What is the sum of the squares of the integers from 1 to 40?",
+            )
+        ],
     ),
     asked_guard: (
-        [("Sam's 12 coins are dimes and nickels worth 90 cents. How many of them are dimes?",
-          "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many dimes does he have?")],
         [
-            ("Sam has 12 coins, all dimes and nickels, worth 90 cents. How many nickels does he have?",
-             "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many dimes does he have?"),
-            ("Tom is 3 times as old as Ann. In 10 years he will be twice as old as her. How old is Tom now?",
-             "Tom is 3 times as old as Ann. In 10 years he will be twice as old as her. How old is Ann now?"),
+            (
+                "Sam's 12 coins are dimes and nickels worth 90 cents. How many of them are dimes?",
+                "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many dimes does he have?",
+            )
+        ],
+        [
+            (
+                "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many nickels does he have?",
+                "Sam has 12 coins, all dimes and nickels, worth 90 cents. How many dimes does he have?",
+            ),
+            (
+                "Tom is 3 times as old as Ann. In 10 years he will be twice as old as her. How old is Tom now?",
+                "Tom is 3 times as old as Ann. In 10 years he will be twice as old as her. How old is Ann now?",
+            ),
         ],
     ),
 }
