@@ -26,6 +26,7 @@ import numpy as np
 
 from .._config import KV_TYPES, LlamaConfig
 from .._exceptions import BackendError, ConfigError, ContextOverflowError, IntegrityError
+from .._fingerprint import chunk_sizes
 
 try:
     import llama_cpp
@@ -267,17 +268,19 @@ class LlamaBackend:
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed ``tokens`` after the current position in chunks of ``n_batch``.
 
-        Returns a copy of the logits after the last token. The chunking depends only on
-        ``len(tokens)``, so the same call sequence gives the same chunks on every route.
+        Returns a copy of the logits after the last token. The chunking (`chunk_sizes`: no single-token
+        last chunk) depends only on ``len(tokens)``, so the same call sequence gives the same chunks on
+        every route.
         """
         if not tokens:
             raise ConfigError("prefill needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextOverflowError(f"{self.n_past} + {len(tokens)} tokens do not fit in n_ctx={self.n_ctx}")
         batch = self._batch
-        step = self.config.n_batch
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start : start + step]
+        start = 0
+        for size in chunk_sizes(len(tokens), self.config.n_batch):
+            chunk = tokens[start : start + size]
+            start += size
             batch.n_tokens = len(chunk)
             for i, token in enumerate(chunk):
                 batch.token[i] = token
@@ -285,7 +288,7 @@ class LlamaBackend:
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = 0
-            last = start + len(chunk) == len(tokens)
+            last = start == len(tokens)
             batch.logits[len(chunk) - 1] = 1 if last else 0
             rc = llama_cpp.llama_decode(self._ctx, batch)
             if rc != 0:

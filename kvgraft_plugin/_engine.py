@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from ._exceptions import (
     QueryError,
     StateError,
 )
+from ._fingerprint import MUST_MATCH, PREFILL_CHUNKING
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key, source_sha256, visible
 from ._models import bundled_model_path, file_sha256
@@ -139,6 +140,8 @@ class GraftEngine:
             self.library = library
         else:
             self.library = Library.open(library, key=key)
+        if self.library is not None and config is None:
+            self.config = self.config.replace(llama=_library_settings(self.library, self.config.llama, overrides))
         model_path = self._resolve_model_path()
         self.backend = LlamaBackend(model_path, self.config.llama)
         self.model_sha256 = file_sha256(model_path)
@@ -171,7 +174,8 @@ class GraftEngine:
         return remembered or bundled_model_path()
 
     def _make_fingerprint(self) -> dict[str, Any]:
-        """Everything that can change the KV bytes, their layout, or how later tokens are computed."""
+        """Everything that changes the KV bytes, their layout, or how later tokens are computed
+        (`_fingerprint.MUST_MATCH`); settings measured harmless are left out."""
         import llama_cpp
 
         llama = self.config.llama
@@ -183,8 +187,8 @@ class GraftEngine:
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
             "arch": self.backend.arch,
             "device": self.backend.device(),
-            **{f.name: getattr(llama, f.name) for f in fields(LlamaConfig) if f.name not in ("model_path", "seed")},
-            "n_ctx": self.backend.n_ctx,
+            "prefill_chunking": PREFILL_CHUNKING,
+            **{name: getattr(llama, name) for name in MUST_MATCH},
             "n_seq_max": 1,
         }
 
@@ -562,6 +566,29 @@ class GraftEngine:
 
 
 # -- helpers --------------------------------------------------------------------------------------------
+
+
+def _library_settings(library: Library, llama: LlamaConfig, explicit: Mapping[str, Any]) -> LlamaConfig:
+    """``llama`` with the library's must-match settings wherever the caller did not set one; a setting the
+    caller set to another value is reported once (its states will then be served by text RAG)."""
+    adopted: dict[str, Any] = {}
+    for name in MUST_MATCH:
+        if name not in library.fingerprint or name == "model_path":
+            continue
+        built = library.fingerprint[name]
+        if explicit.get(name) is None:
+            adopted[name] = built
+        elif explicit[name] != built:
+            logger.warning(
+                "%s=%r differs from the library's %r: its states will not be grafted (text RAG serves them)",
+                name,
+                explicit[name],
+                built,
+            )
+    try:
+        return llama.replace(**adopted)
+    except (ConfigError, TypeError) as exc:
+        raise LibraryError(f"the library's settings cannot be used here: {exc}") from exc
 
 
 def remembered_model_path(model: Mapping[str, Any]) -> Path | None:

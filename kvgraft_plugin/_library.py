@@ -162,6 +162,25 @@ def fingerprint_sha256(fingerprint: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(dict(fingerprint), sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def _index_record(record: Any) -> dict[str, Any]:
+    """The manifest's index record, type-checked (an empty one: no index written yet)."""
+    if not isinstance(record, dict):
+        raise ValueError("'index' must be an object")
+    if not record:
+        return {}
+    if record.get("kind") not in ("flat", "hnsw"):
+        raise ValueError(f"index kind must be 'flat' or 'hnsw', got {record.get('kind')!r}")
+    for name in ("file", "sha256"):
+        _typed(record.get(name), str, f"index {name}")
+    ids = record.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ValueError("index ids must be a list of strings")
+    problems = record.get("problems", {})
+    if not isinstance(problems, dict):
+        raise ValueError("index problems must be an object")
+    return dict(record)
+
+
 def _routing(data: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest's routing record; a library from before it kept only ``threshold``."""
     routing = data.get("routing")
@@ -379,7 +398,7 @@ class Library:
                 model=dict(data.get("model", {})),
                 fingerprint=dict(data.get("fingerprint", {})),
                 embedder=dict(data.get("embedder", {})),
-                index=dict(data.get("index", {})),
+                index=_index_record(data.get("index", {})),
                 routing=_routing(data),
                 entries=entries,
                 trusted=trusted,

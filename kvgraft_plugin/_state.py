@@ -135,7 +135,10 @@ def check_fingerprint(saved: Mapping[str, Any], runtime: Mapping[str, Any]) -> N
     keys = sorted(set(saved) | set(runtime))
     diffs = [f"{k}: {saved.get(k)!r} != {runtime.get(k)!r}" for k in keys if saved.get(k) != runtime.get(k)]
     if diffs:
-        raise IncompatibleStateError("state built under another configuration (" + "; ".join(diffs) + ")")
+        raise IncompatibleStateError(
+            "state built under another configuration (" + "; ".join(diffs) + "); to graft with these settings, "
+            "rebuild it: kvgraft build SOURCE --library DIR --rebuild"
+        )
 
 
 def read_file(path: Path) -> bytearray:

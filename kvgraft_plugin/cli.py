@@ -87,10 +87,14 @@ def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
         raise _fail(exc) from exc
 
 
-def _engine(library: str | None, config: EngineConfig) -> Any:
+def _engine(library: str | None, options: dict[str, Any], **engine: Any) -> Any:
+    """An engine from CLI options: only the options given are passed, so that an engine opened on a
+    library takes the library's pinned settings for the rest."""
     from ._engine import GraftEngine
 
-    return GraftEngine(library, config=config)
+    make_config(options, **engine)  # a bad option fails here, before the model loads
+    given = {k: v for k, v in {**options, **engine}.items() if v is not None}
+    return GraftEngine(library, **given)
 
 
 class _Group(click.Group):
@@ -225,14 +229,14 @@ def ask(
 
     if (question is None) == (queries is None):
         raise click.UsageError("give either QUESTION or --queries")
-    config = make_config(options, max_tokens=max_tokens)
+    make_config(options, max_tokens=max_tokens)
     rows = _read_queries(queries) if queries else [{"id": None, "question": question}]
     if question is not None:
         check_question(question)  # before the model loads
     if entry_id is not None and library is not None:
         Library.open(library).get(entry_id)
     try:
-        with _engine(library, config) as engine:
+        with _engine(library, options, max_tokens=max_tokens) as engine:
             for row in rows:
                 try:
                     result = engine.ask(row["question"], mode=mode, entry_id=entry_id)
@@ -362,7 +366,7 @@ def bench(
     rows = _read_queries(queries)
     try:
         check = load_checker(checker) if checker else None
-        with _engine(library, make_config(options)) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
+        with _engine(library, options) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
             summary = run_bench(
                 engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
             )
@@ -392,7 +396,7 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
 
     rows = _read_queries(queries)
     try:
-        with _engine(library, make_config(options)) as engine:
+        with _engine(library, options) as engine:
             chosen, curve = run_calibrate(engine, rows)
         lib = Library.open(library)
         was_signed = (lib.path / "manifest.sig").is_file()
@@ -436,7 +440,7 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
     from ._bench_graft import bench_graft, exactness_sweep
 
     sizes = [int(x) for x in lengths.split(",") if x.strip()]
-    with _engine(None, make_config(options)) as engine:
+    with _engine(None, options) as engine:
         rows = bench_graft(engine, sizes, repeat=repeat)
         cases = exactness_sweep(engine, n_cases=sweep) if sweep else []
     if as_json:
@@ -496,7 +500,7 @@ def curate(
     try:
         rows = read_problems(problems)
         with (
-            _engine(None, make_config(options, max_tokens=max_tokens)) as engine,
+            _engine(None, options, max_tokens=max_tokens) as engine,
             tqdm(total=len(rows), desc="curate") as bar,
         ):
             reports = run_curate(
@@ -533,7 +537,7 @@ def verify(library: str, fidelity: bool, repair: bool, key_file: str | None, as_
     from ._verify import verify_library
 
     try:
-        with _engine(library, make_config(options, key_file=key_file)) as engine:
+        with _engine(library, options, key_file=key_file) as engine:
             rows = verify_library(engine, fidelity=fidelity, repair=repair)
     except KVGraftError as exc:
         raise _fail(exc) from exc

@@ -238,3 +238,80 @@ def test_a_large_max_tokens_is_capped_to_fit_instead_of_dropping_the_graft(built
     with GraftEngine(built, model_path=str(gemma_path), n_threads=2) as engine:
         result = engine.ask("What is 17 times 23?", max_tokens=100_000)
     assert result.route == "graft" and result.notes and "capped at" in result.notes[0]
+
+
+# -- property: random damage never crashes, never serves failed text, and verify sees what ask would not serve
+
+_HOSTILE_VALUES = ["../outside.txt", "/etc/passwd", -1, 1e308, "nan", None, "", [], {}, "big", True, "states/x.kvg"]
+
+
+def _mutate(lib: Path, rng_choice, kind: str, pick: int, value_index: int, byte: int) -> None:
+    files = sorted(p for p in lib.rglob("*") if p.is_file() and p.name != ".lock")
+    if kind == "json":
+        data = manifest(lib)
+        record = data["entries"][sorted(data["entries"])[pick % len(data["entries"])]]
+        nodes = [(record, k) for k in record] + [(record["entry"], k) for k in record["entry"]]
+        nodes += [(data["index"], k) for k in data["index"]] + [(data.get("routing", {}), k) for k in ("threshold",)]
+        node, key = nodes[pick % len(nodes)]
+        node[key] = _HOSTILE_VALUES[value_index % len(_HOSTILE_VALUES)]
+        write_manifest(lib, data)
+    elif kind == "text":
+        data = manifest(lib)
+        entry = data["entries"][sorted(data["entries"])[pick % len(data["entries"])]]["entry"]
+        entry["answer" if pick % 2 else "solution"] = "TAMPERED 999"
+        write_manifest(lib, data)
+    else:
+        target = files[pick % len(files)]
+        raw = bytearray(target.read_bytes())
+        if kind == "flip" and raw:
+            raw[(pick * 7919) % len(raw)] ^= byte or 1
+        else:
+            raw = raw[: (pick * 7919) % (len(raw) + 1)]
+        target.write_bytes(bytes(raw))
+
+
+@pytest.mark.slow
+def test_random_damage_is_always_handled(built, gemma_path, tmp_path_factory):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from kvgraft_plugin import KVGraftError
+    from kvgraft_plugin._library import source_sha256
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(
+        kind=st.sampled_from(["json", "text", "flip", "truncate"]),
+        pick=st.integers(0, 10_000),
+        value_index=st.integers(0, 100),
+        byte=st.integers(0, 255),
+    )
+    def check(kind, pick, value_index, byte):
+        root = tmp_path_factory.mktemp("fuzz")
+        lib = root / "lib"
+        shutil.copytree(built, lib)
+        outside = root / "outside.txt"
+        outside.write_text("untouched")
+        _mutate(lib, None, kind, pick, value_index, byte)
+        served_as_built = True
+        try:
+            library = Library.open(lib)
+            with GraftEngine(lib, model_path=str(gemma_path), n_threads=2) as engine:
+                for e in ENTRIES:
+                    try:
+                        result = engine.ask(e["problem"], max_tokens=3)
+                    except KVGraftError:
+                        served_as_built = False
+                        continue
+                    served_as_built &= result.route == "graft" and result.entry_id == e["id"]
+                    if result.route in ("graft", "text-rag"):  # no text that failed its check reached a prompt
+                        record = library.get(result.entry_id)
+                        assert source_sha256(record.entry) == record.source_sha256
+        except KVGraftError:
+            served_as_built = False
+        verify = cli("verify", "--library", lib, "--n-threads", 2)
+        assert "Traceback" not in verify.output and verify.exit_code in (0, 1), verify.output
+        if not served_as_built:
+            assert verify.exit_code == 1, (kind, pick, verify.output)
+        assert outside.read_text() == "untouched"
+
+    check()
