@@ -15,6 +15,7 @@ for parallel throughput.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import logging
 import queue
 import threading
@@ -29,8 +30,10 @@ import numpy as np
 
 from ._config import KV_TYPES, EngineConfig, LlamaConfig, RouteMode
 from ._exceptions import (
+    BackendError,
     ConfigError,
     ContextOverflowError,
+    EngineClosedError,
     IncompatibleStateError,
     IntegrityError,
     LibraryError,
@@ -136,24 +139,28 @@ class GraftEngine:
     ) -> None:
         self.config = (config or EngineConfig()).with_settings(**overrides)
         key = load_key(self.config.key_file) if self.config.key_file else None
-        if isinstance(library, Library) or library is None:
-            self.library = library
-        else:
-            self.library = Library.open(library, key=key)
-        if self.library is not None and config is None:
+        if isinstance(library, Library) and key is not None:
+            library = Library.open(library.path, key=key)  # a key applies however the library was opened
+        self.library = library if isinstance(library, Library) or library is None else Library.open(library, key=key)
+        if self.library is not None and self.library.trusted and config is None:
             self.config = self.config.replace(llama=_library_settings(self.library, self.config.llama, overrides))
         model_path = self._resolve_model_path()
         self.backend = LlamaBackend(model_path, self.config.llama)
-        self.model_sha256 = file_sha256(model_path)
-        self.fingerprint = self._make_fingerprint()
-        self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
+        self._closed = False
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgraft")
         self._embedder: Embedder | None = None
         self._index: VectorIndex | None = None
         self._router: Router | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgraft")
-        self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
-        if self.library is not None and self.library.trusted and self.library.entries:
-            self._worker.submit(self._warm_up).result()
+        self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
+        try:
+            self.model_sha256 = file_sha256(model_path)
+            self.fingerprint = self._make_fingerprint()
+            self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
+            if self.library is not None and self.library.trusted and self.library.entries:
+                self._worker.submit(self._warm_up).result()
+        except BaseException:
+            self.close()  # nothing leaks when the constructor fails after loading the model
+            raise
 
     def _warm_up(self) -> None:
         """Load torch, the embedder and the index now, on the worker thread, not in the first TTFT.
@@ -255,8 +262,14 @@ class GraftEngine:
     # -- public API -----------------------------------------------------------------------------------
 
     def search(self, question: str, k: int | None = None) -> list[Hit]:
-        """The ``k`` library entries nearest to ``question``, best first (no threshold applied)."""
+        """The ``k`` library entries nearest to ``question``, best first (no threshold applied).
+
+        Nothing comes back from a library that failed its signature check: its text is not trusted."""
         check_question(question)
+        self._check_open()
+        if self.library is not None and not self.library.trusted:
+            logger.warning("search: library %s is not trusted (%s)", self.library.path, self.library.untrusted_reason)
+            return []
 
         def run() -> list[Hit]:
             index = self.index
@@ -294,6 +307,7 @@ class GraftEngine:
         (or ``entry_id``) entry; ``plain`` never uses the library. ``system`` and ``history`` (earlier
         question/answer turns) are rendered into the suffix; routing uses ``question`` alone.
         """
+        self._check_open()
         if mode not in ("auto", *ROUTES):
             raise ConfigError(f"mode must be one of auto, graft, text-rag, plain; got {mode!r}")
         check_question(question)
@@ -348,7 +362,23 @@ class GraftEngine:
             return self.backend.tokenize(text, add_bos=False)
 
         plan = self._plan(question, suffix, mode, entry_id, settings["max_tokens"], phases)
-        logits = self._prefill(plan, phases)
+        try:
+            logits = self._prefill(plan, phases)
+        except BackendError as exc:
+            if plan.state is None or plan.record is None:
+                raise
+            # llama.cpp refused the bytes: forget them, and serve the entry by text RAG
+            assert self.library is not None
+            self.state_cache.discard(self.library.cache_key(plan.record))
+            logger.warning("restore of %s refused by llama.cpp: %s", plan.record.id, exc)
+            plan = dataclasses.replace(
+                plan,
+                route="text-rag",
+                tokens=self.prefix_tokens(plan.record) + plan.tokens,
+                state=None,
+                reason=f"integrity: llama.cpp refused the state of {plan.record.id} ({exc})",
+            )
+            logits = self._prefill(plan, phases)
         if plan.max_tokens is not None:
             settings["max_tokens"] = plan.max_tokens
         yield from self._decode(plan, logits, start=start, phases=phases, cancel=cancel, **settings)
@@ -554,9 +584,17 @@ class GraftEngine:
         )
 
     def close(self) -> None:
-        """Finish queued requests, then free the llama.cpp context and model."""
+        """Finish queued requests, then free the llama.cpp context and model. Closing twice is harmless;
+        any other call after it raises `EngineClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
         self._worker.submit(self.backend.close).result()
         self._worker.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("this GraftEngine is closed")
 
     def __enter__(self) -> GraftEngine:
         return self
@@ -587,8 +625,9 @@ def _library_settings(library: Library, llama: LlamaConfig, explicit: Mapping[st
             )
     try:
         return llama.replace(**adopted)
-    except (ConfigError, TypeError) as exc:
-        raise LibraryError(f"the library's settings cannot be used here: {exc}") from exc
+    except (ConfigError, TypeError) as exc:  # a damaged manifest: its states will be refused as incompatible
+        logger.warning("the library's pinned settings cannot be used (%s); keeping this engine's", exc)
+        return llama
 
 
 def remembered_model_path(model: Mapping[str, Any]) -> Path | None:

@@ -14,6 +14,7 @@ KVGraftError
 │   └── InexactStateError             the state failed its bitwise fidelity check
 ├── NoMatchError                      no library entry matched (``fallback="raise"``)
 ├── ContextOverflowError              prompt does not fit ``n_ctx``
+├── EngineClosedError                 a call on a closed engine
 └── BackendError                      llama.cpp refused a call
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "ContextOverflowError",
+    "EngineClosedError",
     "EntryNotFoundError",
     "IncompatibleStateError",
     "IndexMismatchError",
@@ -110,3 +112,7 @@ class ContextOverflowError(QueryError):
 
 class BackendError(KVGraftError, RuntimeError):
     """llama.cpp returned an error."""
+
+
+class EngineClosedError(KVGraftError):
+    """A call on a `GraftEngine` after `close`."""

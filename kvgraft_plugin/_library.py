@@ -474,6 +474,10 @@ class Library:
         except KeyError:
             raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}") from None
 
+    def cache_key(self, record: EntryRecord) -> str:
+        """Key of ``record``'s verified state in a `BaseStateCache`."""
+        return f"{self.path.resolve()}::{record.id}::{record.state_digest}"
+
     def load_state(
         self,
         record: EntryRecord,
@@ -495,7 +499,7 @@ class Library:
         if record.fingerprint_sha256 != fingerprint_sha256(runtime_fingerprint):
             check_fingerprint(self.fingerprint, runtime_fingerprint)  # names the differing settings
             raise IncompatibleStateError(f"entry {record.id!r} was built under another configuration")
-        key = f"{self.path.resolve()}::{record.id}::{record.state_digest}"
+        key = self.cache_key(record)
         if cache is not None and (hit := cache.get(key)) is not None:
             return hit
         path = self.path / record.state_file

@@ -77,7 +77,7 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
             )
             library.fingerprint = engine.fingerprint
             library.save()
-            engine.state_cache.discard(f"{library.path.resolve()}::{record.id}::{record.state_digest}")
+            engine.state_cache.discard(library.cache_key(record))
             row.repaired = True
         rows.append(row)
     rows.append(_verify_index(engine, repair=repair))

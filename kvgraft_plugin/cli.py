@@ -194,7 +194,8 @@ def _read_queries(path: str) -> list[dict[str, Any]]:
             if not isinstance(row, dict):
                 raise ValueError('expected {"id": str, "question": str, ...}')
             check_text(row.get("id"), "id")
-            check_text(row.get("question"), "question")
+            if not isinstance(row.get("question"), str):  # an empty question is answered by an error row
+                raise ValueError("'question' must be a string")
         except (UnicodeDecodeError, ValueError) as exc:
             raise _fail(SourceError(f"{path}:{lineno}: {exc}")) from exc
         rows.append(row)

@@ -176,7 +176,7 @@ def test_manifest_fields_of_the_wrong_type_are_a_clear_error(lib, path, value):
     node[path[-1]] = value
     write_manifest(lib, data)
     result = cli("ask", "--library", lib, "--n-threads", 2, "What is 17 times 23?")
-    assert result.exit_code == 1 and "corrupt" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and path[-1] in result.output and "Traceback" not in result.output
 
 
 def test_keygen_into_a_missing_folder_is_a_clear_error(tmp_path):

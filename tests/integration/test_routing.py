@@ -162,8 +162,10 @@ def test_index_from_another_embedder_is_refused(small_library, gemma_path, tmp_p
     manifest = json.loads((lib / "manifest.json").read_text())
     manifest["embedder"]["files_sha256"] = "f" * 64
     (lib / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(IndexMismatchError, match="embedder"):
-        GraftEngine(lib, model_path=str(gemma_path), n_threads=2)
+    with GraftEngine(lib, model_path=str(gemma_path), n_threads=2) as engine:  # plain decoding still works
+        assert engine.ask("What is 17 times 23?", mode="plain", max_tokens=2).route == "plain"
+        with pytest.raises(IndexMismatchError, match="embedder"):
+            engine.ask("What is 17 times 23?", max_tokens=2)
 
 
 def test_hnsw_index_routes_like_flat(gemma, example_entries, tmp_path):

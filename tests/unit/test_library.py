@@ -66,7 +66,7 @@ def test_corrupt_manifest(tmp_path):
 
 def test_signature_roundtrip_and_tamper(tmp_path):
     lib = Library.create(tmp_path)
-    lib.threshold = 0.5
+    lib.routing = {"threshold": 0.5, "margin": 0.0, "source": "user"}
     lib.save()
     key = b"k" * 32
     lib.sign(key)

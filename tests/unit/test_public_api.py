@@ -11,6 +11,7 @@ def test_all_is_pinned():
             "ConfigError",
             "ContextOverflowError",
             "Embedder",
+            "EngineClosedError",
             "EngineConfig",
             "Entry",
             "EntryNotFoundError",
