@@ -44,8 +44,10 @@ class Embedder:
     def __init__(self, name_or_path: str | Path | None = None) -> None:
         try:
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
         except ImportError as exc:
             raise ImportError("routing needs sentence-transformers: pip install sentence-transformers") from exc
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar on every command
         path = Path(name_or_path) if name_or_path is not None else bundled_embedder_path()
         self.name = str(name_or_path) if name_or_path is not None else "bundled:all-MiniLM-L6-v2"
         try:

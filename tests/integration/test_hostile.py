@@ -315,3 +315,25 @@ def test_random_damage_is_always_handled(built, gemma_path, tmp_path_factory):
         assert outside.read_text() == "untouched"
 
     check()
+
+
+def test_library_files_follow_the_umask(built):
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [built / "manifest.json", *built.glob("states/*.kvg")]:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
+
+
+def test_an_unknown_entry_and_an_empty_question_fail_before_the_model_loads(built, monkeypatch):
+    import kvgraft_plugin._engine as engine_module
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(engine_module, "LlamaBackend", no_model)
+    result = cli("ask", "--library", built, "--entry", "nope", "What is 17 times 23?")
+    assert result.exit_code == 1 and "no entry 'nope'" in result.output
+    result = cli("ask", "--library", built, "\u200b ")
+    assert result.exit_code == 1 and "empty" in result.output

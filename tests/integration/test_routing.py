@@ -176,3 +176,58 @@ def test_hnsw_index_routes_like_flat(gemma, example_entries, tmp_path):
         assert engine.index.kind == "hnsw"
         assert engine.ask("Compute 17 multiplied by 23.", max_tokens=6).entry_id == "mul-17x23"
         assert engine.ask("What is the capital of France?", max_tokens=2).route == "plain"
+
+
+def test_match_check_hook_from_the_cli_refuses(small_library):
+    from click.testing import CliRunner
+
+    from kvgraft_plugin.cli import main
+
+    args = ["ask", "--library", str(small_library), "--n-threads", "2", "--json", "--max-tokens", "2"]
+    hooked = CliRunner().invoke(main, [*args, "--match-check", "tests.hooks:refuse_all", "What is 17 times 23?"])
+    out = json.loads(hooked.stdout)
+    assert out["route"] == "plain" and "refused by match_check" in out["fallback_reason"]
+    assert out["match"][-1] == {"guard": "match_check", "entry_id": "mul-17x23", "passed": False,
+                                "reason": "refused by match_check"}  # fmt: skip
+
+
+def test_calibrate_stores_a_threshold_and_says_to_sign_again(small_library, tmp_path):
+    from click.testing import CliRunner
+
+    from kvgraft_plugin.cli import main
+
+    lib = _copy(small_library, tmp_path)
+    runner = CliRunner()
+    assert Library.open(lib).routing["source"] == "geometry"
+    key = tmp_path / "key"
+    assert runner.invoke(main, ["keygen", str(key)]).exit_code == 0
+    assert runner.invoke(main, ["sign", "--library", str(lib), "--key-file", str(key)]).exit_code == 0
+    queries = tmp_path / "q.jsonl"
+    rows = [
+        {"id": "r", "question": "What is 17 times 23?", "expect_entry": "mul-17x23"},
+        {"id": "p", "question": "Find the GCD of 84 and 126.", "expect_entry": "gcd-84-126"},
+        {"id": "n", "question": "What is 17 plus 23?", "expect_entry": None},
+        {"id": "u", "question": "What is the capital of France?", "expect_entry": None},
+    ]
+    queries.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(
+        main, ["calibrate", "--library", str(lib), "--queries", str(queries), "--n-threads", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["right"] == 2 and out["wrong"] == 0 and out["resign"] is True
+    assert "sign it again" in result.stderr and not (lib / "manifest.sig").exists()
+    routing = Library.open(lib).routing
+    assert routing["source"] == "calibrated" and routing["threshold"] == out["threshold"]
+
+
+def test_geometry_threshold():
+    import numpy as np
+
+    from kvgraft_plugin._index import SINGLE_ENTRY_THRESHOLD, VectorIndex, geometry_threshold
+
+    index = VectorIndex(2)
+    index.add(["a"], np.array([[1.0, 0.0]], dtype=np.float32))
+    assert geometry_threshold(index) == SINGLE_ENTRY_THRESHOLD
+    index.add(["b", "c"], np.array([[0.6, 0.8], [0.8, 0.6]], dtype=np.float32))
+    assert geometry_threshold(index) == pytest.approx(0.8, abs=1e-3)  # median NN similarity 0.96, capped
