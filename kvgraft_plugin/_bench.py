@@ -272,6 +272,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                 f"| {kind} | {t['n']} | {t['routed_right']} | {t['grafted']} | {t['wrong_grafts']} "
                 f"| {t['false_copies']} | {t['correct']} |"
             )
+        lines.append("")
     if "reduction" in tok:
         lines.append(
             f"- Decode tokens on the {tok['covered']} covered queries: plain {tok['plain_decode']}, graft "
