@@ -153,7 +153,7 @@ class _KVGraftMixin(BaseModel):
             max_tokens=kwargs.get("max_tokens", self.max_tokens),
             temperature=kwargs.get("temperature", self.temperature),
             stop=tuple(stops) if stops is not None else None,
-            seed=self.seed,
+            seed=kwargs.get("seed", self.seed),
             system=kwargs.get("system"),
             history=kwargs.get("history", ()),
         ):
@@ -231,7 +231,7 @@ class ChatKVGraft(_KVGraftMixin, BaseChatModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "kvgraft"
-        params["ls_model_name"] = kwargs.get("model") or self.model_path or "gemma-3-270m"
+        params["ls_model_name"] = kwargs.get("model") or self._model_name()
         return params
 
     def _stream(

@@ -13,7 +13,6 @@ and rebuilds still work when a state file is damaged or stale. Every write is at
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import json
@@ -456,16 +455,18 @@ class Library:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive build lock; a second concurrent build is refused."""
+        from filelock import FileLock, Timeout  # portable: fcntl would not import on Windows
+
         self.path.mkdir(parents=True, exist_ok=True)
-        with (self.path / ".lock").open("w") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                raise LibraryError(f"another build holds the lock on {self.path}") from exc
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        lock = FileLock(self.path / ".lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout as exc:
+            raise LibraryError(f"another build holds the lock on {self.path}") from exc
+        try:
+            yield
+        finally:
+            lock.release()
 
     def get(self, entry_id: str) -> EntryRecord:
         """The record of ``entry_id``; raises `EntryNotFoundError`."""

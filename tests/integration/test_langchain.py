@@ -164,3 +164,9 @@ def test_engine_must_be_an_engine():
     with pytest.raises(ValueError):
         ChatKVGraft(engine="not an engine")
     assert isinstance(ChatKVGraft(**params())._get_engine(), GraftEngine)
+
+
+def test_ls_model_name_is_the_library_s_model(small_library, gemma_path, smol_path):
+    assert ChatKVGraft(library=str(small_library))._get_ls_params()["ls_model_name"] == gemma_path.name
+    named = ChatKVGraft(library=str(small_library), model_path=str(smol_path))
+    assert named._get_ls_params()["ls_model_name"] == smol_path.name
