@@ -430,6 +430,33 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
         click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array of the rows.")
+@click.option("--threads", default="1,4", show_default=True, help="Other thread counts to restore under ('' for none).")
+@click.option("--larger-ctx/--no-larger-ctx", default=True, show_default=True, help="Also restore into twice n_ctx.")
+@llama_options
+def doctor(as_json: bool, threads: str, larger_ctx: bool, **options: Any) -> None:
+    """Will grafting be exact for this model on this machine? Exit 1 if a served setting is inexact."""
+    from ._doctor import run_doctor
+
+    counts = tuple(int(t) for t in threads.split(",") if t.strip())
+    with _engine(None, options) as engine:
+        rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx)
+        model = engine.backend.model_path.name
+    failed = [r for r in rows if r.served and not r.exact]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows]))
+    else:
+        click.echo(f"model {model}\n")
+        click.echo(f"{'check':<52} {'exact':<6} {'served':<7} {'max_abs_diff':>12}  note")
+        for r in rows:
+            click.echo(f"{r.check:<52} {r.exact!s:<6} {r.served!s:<7} {r.max_abs_diff:>12.4g}  {r.note}")
+        verdict = "grafting is exact here" if not failed else f"{len(failed)} served checks are NOT exact"
+        click.echo(f"\nverdict: {verdict}")
+    if failed:
+        sys.exit(1)
+
+
 @main.command("bench-graft")
 @click.option("--lengths", default="256,1024,2048", show_default=True, help="Prefix lengths in tokens.")
 @click.option("--repeat", type=int, default=7, show_default=True)

@@ -35,7 +35,7 @@ def _prefill_and_capture(model_path, n_threads, tokens, n_ctx=4096):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["gemma_path", "smol_path"])
-@pytest.mark.parametrize("length", [1025, 1300])  # 1025 = 512 + 512 + 1 before the chunking rule
+@pytest.mark.parametrize("length", [1025])  # 512 + 512 + 1 before the chunking rule; doctor checks others
 def test_kv_bytes_and_logits_are_equal_at_any_thread_count(request, model, length):
     model_path = request.getfixturevalue(model)
     rng = np.random.default_rng(length)

@@ -1,0 +1,92 @@
+"""``kvgraft doctor``: will grafting be exact for this model on this machine?
+
+Probe prefixes of random tokens are cut where grafts go wrong: below the sliding window, past it and past
+``n_ubatch``, and with a remainder chunk of one token. Each is prefilled, captured, restored and continued
+with a probe query; the logits must be bitwise equal to the fresh prefill's. The saved bytes are then
+restored under other thread counts and a larger context (the settings the fingerprint leaves out), where
+restore + probe must again equal a fresh prefill + probe, and the bytes written there must equal the
+original's. A row's ``served`` says whether a library would use that setting; any served row that is not
+exact fails the doctor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ._build import restore_diff
+from ._engine import GraftEngine
+
+__all__ = ["DoctorRow", "run_doctor"]
+
+PROBE_TOKENS = 24
+
+
+@dataclass
+class DoctorRow:
+    """One check: whether it was exact, whether a library serves that setting, and the worst logit gap."""
+
+    check: str
+    exact: bool
+    served: bool
+    max_abs_diff: float
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``--json``)."""
+        return asdict(self)
+
+
+def _lengths(engine: GraftEngine) -> dict[str, int]:
+    n_batch, n_ubatch, window = engine.config.llama.n_batch, engine.config.llama.n_ubatch, engine.backend.n_swa
+    room = engine.backend.n_ctx - PROBE_TOKENS - 1
+    lengths = {"one-token tail chunk": 2 * n_batch + 1, "past n_ubatch": n_ubatch + n_ubatch // 2 + 3}
+    if window:
+        lengths["below the window"] = max(2, window // 2)
+        lengths["past the window"] = 4 * window - 51  # where a window-sized SWA cache has wrapped
+    return {name: n for name, n in lengths.items() if n <= room}
+
+
+def _tokens(engine: GraftEngine, n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(100, min(engine.backend.n_vocab, 30000), size=n)]
+
+
+def _row(check: str, diff: float, served: bool, note: str = "") -> DoctorRow:
+    return DoctorRow(check, diff == 0.0, served, diff, note)
+
+
+def run_doctor(engine: GraftEngine, *, threads: tuple[int, ...] = (1, 4), larger_ctx: bool = True) -> list[DoctorRow]:
+    """Run every check with ``engine``'s model and settings (see the module docstring)."""
+    rows: list[DoctorRow] = []
+    probe = _tokens(engine, PROBE_TOKENS, seed=0)
+    captured: dict[str, tuple[list[int], bytes]] = {}
+    backend = engine.backend
+    for i, (name, n) in enumerate(_lengths(engine).items(), start=1):
+        tokens = _tokens(engine, n, seed=i)
+        backend.reset()
+        backend.prefill(tokens)
+        payload = backend.capture_state()
+        captured[name] = (tokens, bytes(payload))
+        diff = restore_diff(backend, tokens, payload, probe, prefilled=True)
+        rows.append(_row(f"restore {name} ({n} tokens)", diff, True, _settings(engine)))
+    others: list[tuple[str, dict[str, Any]]] = [(f"n_threads={t}", {"n_threads": t}) for t in threads]
+    if larger_ctx:
+        others.append((f"n_ctx={2 * engine.backend.n_ctx}", {"n_ctx": 2 * engine.backend.n_ctx}))
+    for label, change in others:
+        with GraftEngine(None, config=engine.config.replace(llama=engine.config.llama.replace(**change))) as other:
+            for name, (tokens, payload) in captured.items():
+                other.backend.reset()
+                other.backend.prefill(tokens)
+                same_bytes = bytes(other.backend.capture_state()) == payload
+                diff = restore_diff(other.backend, tokens, bytearray(payload), probe, prefilled=True)
+                note = "" if same_bytes else "the prefill wrote other KV bytes than the original"
+                rows.append(DoctorRow(f"{label}: restore {name}", diff == 0.0 and same_bytes, True, diff, note))
+    return rows
+
+
+def _settings(engine: GraftEngine) -> str:
+    llama = engine.config.llama
+    return f"swa_full={llama.swa_full} flash_attn={llama.flash_attn} n_threads={llama.n_threads}"
