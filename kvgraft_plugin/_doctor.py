@@ -77,11 +77,11 @@ def run_doctor(engine: GraftEngine, *, threads: tuple[int, ...] = (1, 4), larger
         others.append((f"n_ctx={2 * engine.backend.n_ctx}", {"n_ctx": 2 * engine.backend.n_ctx}))
     for label, change in others:
         with GraftEngine(None, config=engine.config.replace(llama=engine.config.llama.replace(**change))) as other:
-            for name, (tokens, payload) in captured.items():
+            for name, (tokens, saved) in captured.items():
                 other.backend.reset()
                 other.backend.prefill(tokens)
-                same_bytes = bytes(other.backend.capture_state()) == payload
-                diff = restore_diff(other.backend, tokens, bytearray(payload), probe, prefilled=True)
+                same_bytes = bytes(other.backend.capture_state()) == saved
+                diff = restore_diff(other.backend, tokens, bytearray(saved), probe, prefilled=True)
                 note = "" if same_bytes else "the prefill wrote other KV bytes than the original"
                 rows.append(DoctorRow(f"{label}: restore {name}", diff == 0.0 and same_bytes, True, diff, note))
     return rows
