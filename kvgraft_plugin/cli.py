@@ -230,7 +230,6 @@ def ask(
 
     if (question is None) == (queries is None):
         raise click.UsageError("give either QUESTION or --queries")
-    make_config(options, max_tokens=max_tokens)
     rows = _read_queries(queries) if queries else [{"id": None, "question": question}]
     if question is not None:
         check_question(question)  # before the model loads
