@@ -6,18 +6,23 @@ LangChain's executor defaults (the engine runs requests one at a time on its wor
 
 Construction: ``ChatKVGraft(library="lib/")`` with any llama.cpp or routing setting, or
 ``ChatKVGraft(engine=engine)`` to share an engine that is already loaded. Instances created from a
-library path share one engine per (library, pinned configuration) through a process-wide cache, so
-creating many instances (as langchain-tests does) loads the model once. Generation settings
-(``temperature``, ``max_tokens``, ``stop``) are per instance and per call, never part of that key.
+library path share one engine per (library, llama.cpp context settings, embedder, key) through a
+process-wide pool, so creating many instances (as langchain-tests does) loads the model once. Routing
+(``threshold``, ``margin``, ``top_k``, ``guards``, ``fallback``) and generation (``temperature``,
+``max_tokens``, ``stop``, ``seed``) are passed with each request, never part of that key. An engine is
+closed when the last instance using it is released (`release`) or garbage-collected.
 
-Chat prompts: the last human message is the question, and the only text the router sees. The system
-message and earlier human/AI turns are rendered into the query suffix, after the grafted entry, as
-``Problem:``/``Answer:`` pairs, so the graft prefix stays exactly the library entry.
+Chat prompts: the last message must be a human one; it is the question, and the only text the router
+sees. System messages and earlier human/AI turns are rendered into the query suffix, after the grafted
+entry, as ``Problem:``/``Answer:`` pairs, so the graft prefix stays exactly the library entry. Tool and
+function messages, tool calls and non-text content are refused with `ConfigError`, as the partner
+packages refuse what they cannot send.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +31,14 @@ try:
     from langchain_core.callbacks import CallbackManagerForLLMRun, CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.language_models import BaseChatModel, BaseLLM, LangSmithParams
-    from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
+    from langchain_core.messages import (
+        AIMessage,
+        AIMessageChunk,
+        BaseMessage,
+        ChatMessage,
+        HumanMessage,
+        SystemMessage,
+    )
     from langchain_core.messages.ai import UsageMetadata
     from langchain_core.outputs import (
         ChatGeneration,
@@ -47,22 +59,45 @@ from .._exceptions import ConfigError
 
 __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 
+#: What pins an engine: its llama.cpp context, its embedder and its key. Everything else goes per request.
 _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
-    "swa_full", "seed", "embedder", "threshold", "margin", "top_k", "guards", "fallback", "key_file",
+    "swa_full", "embedder", "key_file",
 )  # fmt: skip
-_engines: dict[tuple[str, EngineConfig], GraftEngine] = {}
-_engines_lock = threading.Lock()
+_ROUTING_SETTINGS = ("threshold", "margin", "top_k", "guards", "fallback")
+_PoolKey = tuple[str, EngineConfig]
 
 
-def shared_engine(library: str | None, config: EngineConfig) -> GraftEngine:
-    """One engine per (library, configuration) in this process."""
-    key = (str(Path(library).resolve()) if library else "", config)
-    with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
-            engine = _engines[key] = GraftEngine(library, config=config)
-        return engine
+class _EnginePool:
+    """One engine per (library, engine settings) in this process, closed when its last user releases it."""
+
+    def __init__(self) -> None:
+        self._engines: dict[_PoolKey, tuple[GraftEngine, int]] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, library: str | None, config: EngineConfig) -> tuple[_PoolKey, GraftEngine]:
+        key = (str(Path(library).resolve()) if library else "", config)
+        with self._lock:
+            engine, users = self._engines.get(key) or (None, 0)
+            if engine is None:
+                engine = GraftEngine(library, config=config)
+            self._engines[key] = (engine, users + 1)
+            return key, engine
+
+    def release(self, key: _PoolKey) -> None:
+        with self._lock:
+            engine, users = self._engines[key]
+            if users > 1:
+                self._engines[key] = (engine, users - 1)
+                return
+            del self._engines[key]
+        engine.close()
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+
+_POOL = _EnginePool()
 
 
 class _KVGraftMixin(BaseModel):
@@ -124,13 +159,13 @@ class _KVGraftMixin(BaseModel):
     """Accepted for LangChain compatibility; local calls are not retried."""
 
     _engine: GraftEngine | None = PrivateAttr(default=None)
+    _release: weakref.finalize | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _validate_engine(self) -> _KVGraftMixin:
         if self.engine is not None and not isinstance(self.engine, GraftEngine):
             raise ConfigError(f"engine must be a GraftEngine, got {type(self.engine).__name__}")
-        if self.engine is not None and self.fallback == "raise" and self.engine.config.fallback != "raise":
-            raise ConfigError("fallback='raise' must be set on the shared engine's config")
+        EngineConfig().with_settings(**self._routing())  # refuse a bad threshold now, not at the first call
         return self
 
     def _get_engine(self) -> GraftEngine:
@@ -138,8 +173,20 @@ class _KVGraftMixin(BaseModel):
             return self.engine  # type: ignore[no-any-return]
         if self._engine is None:
             config = EngineConfig().with_settings(**{k: getattr(self, k) for k in _ENGINE_SETTINGS})
-            self._engine = shared_engine(self.library, config)
+            key, self._engine = _POOL.acquire(self.library, config)
+            self._release = weakref.finalize(self, _POOL.release, key)
         return self._engine
+
+    def release(self) -> None:
+        """Stop using the pooled engine; it is closed when no other instance uses it. A later call loads
+        (or shares) one again. Does nothing for an engine passed in with ``engine=``."""
+        if self._release is not None:
+            self._release()
+            self._engine, self._release = None, None
+
+    def _routing(self, **kwargs: Any) -> dict[str, Any]:
+        values = {k: kwargs.get(k, getattr(self, k)) for k in _ROUTING_SETTINGS}
+        return {k: v for k, v in values.items() if v is not None}
 
     def _stream_result(
         self, question: str, stop: list[str] | None, **kwargs: Any
@@ -156,6 +203,7 @@ class _KVGraftMixin(BaseModel):
             seed=kwargs.get("seed", self.seed),
             system=kwargs.get("system"),
             history=kwargs.get("history", ()),
+            routing=self._routing(**kwargs),
         ):
             yield chunk.text, chunk.result
 
@@ -164,7 +212,7 @@ class _KVGraftMixin(BaseModel):
         engine = self._get_engine() if self.engine is not None or self._engine is not None else None
         return {
             "library": self.library or (str(engine.library.path) if engine and engine.library else None),
-            "model_path": str(engine.backend.model_path) if engine else self.model_path,
+            "model_path": str(engine.model_path) if engine else self.model_path,
             "mode": self.mode,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
@@ -172,7 +220,7 @@ class _KVGraftMixin(BaseModel):
 
     def _model_name(self) -> str:
         engine = self._get_engine()
-        return Path(engine.backend.model_path).name
+        return Path(engine.model_path).name
 
 
 def _metadata(result: GraftResult, model_name: str) -> dict[str, Any]:
@@ -192,22 +240,46 @@ def _usage(result: GraftResult) -> UsageMetadata:
     )
 
 
+_ROLES = {"user": "human", "human": "human", "assistant": "ai", "ai": "ai", "system": "system"}
+
+
+def _role(message: BaseMessage) -> str:
+    """``human``, ``ai`` or ``system``; `ConfigError` for what ChatKVGraft cannot render."""
+    role: str
+    if isinstance(message, (HumanMessage, SystemMessage)):
+        role = message.type
+    elif isinstance(message, AIMessage):
+        if message.tool_calls or message.invalid_tool_calls:
+            raise ConfigError("ChatKVGraft does not support tool calls (an AI message carries some)")
+        role = "ai"
+    elif isinstance(message, ChatMessage) and message.role in _ROLES:
+        role = _ROLES[message.role]
+    else:
+        kind = f"role {message.role!r}" if isinstance(message, ChatMessage) else f"type {message.type!r}"
+        raise ConfigError(f"ChatKVGraft does not support messages of {kind}: only system, human and ai")
+    if isinstance(message.content, list) and any(
+        not isinstance(block, str) and block.get("type") != "text" for block in message.content
+    ):
+        raise ConfigError(f"ChatKVGraft reads text only; a {role} message has other content")
+    return role
+
+
 def _split_messages(messages: Sequence[BaseMessage]) -> tuple[str, str | None, list[tuple[str, str]]]:
-    """(question, system text, earlier (human, ai) turns) from a chat."""
-    system = "\n".join(m.text for m in messages if isinstance(m, SystemMessage)) or None
-    turns = [m for m in messages if not isinstance(m, SystemMessage)]
-    last_human = max((i for i, m in enumerate(turns) if isinstance(m, HumanMessage)), default=None)
-    if last_human is None:
-        raise ConfigError("ChatKVGraft needs at least one human message")
+    """(question, system text, earlier (human, ai) turns) from a chat that ends with a human message."""
+    roles = [_role(m) for m in messages]
+    if not roles or roles[-1] != "human":
+        last = roles[-1] if roles else "nothing"
+        raise ConfigError(f"the last message must be a human message (the question); got {last}")
+    system = "\n".join(m.text for m, r in zip(messages, roles, strict=True) if r == "system") or None
     history: list[tuple[str, str]] = []
     pending: list[str] = []
-    for message in turns[:last_human]:
-        if isinstance(message, HumanMessage):
+    for message, role in zip(messages[:-1], roles[:-1], strict=True):
+        if role == "human":
             pending.append(message.text)
-        elif isinstance(message, AIMessage):
+        elif role == "ai":
             history.append((" ".join(pending), message.text))
             pending = []
-    question = " ".join([*pending, turns[last_human].text])
+    question = " ".join([*pending, messages[-1].text])
     return question, system, history
 
 

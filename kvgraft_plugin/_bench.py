@@ -148,7 +148,7 @@ def _summary(
         "machine": " ".join(x for x in (platform.machine(), _cpu_name()) if x)
         + f", {engine.config.llama.n_threads} threads",
         "config": {
-            "model": engine.backend.model_path.name,
+            "model": engine.model_path.name,
             "library": str(engine.library.path) if engine.library else None,
             "threshold": engine.threshold,
             "margin": engine.margin,

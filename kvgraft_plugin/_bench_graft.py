@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ._build import restore_diff
+from ._backend import Backend
 from ._engine import GraftEngine
-from ._template import render_query
-from .adapters.llama_cpp import LlamaBackend
+from ._template import render_preamble, render_query
 
 __all__ = ["bench_graft", "exactness_sweep"]
 
@@ -37,7 +36,7 @@ def _median_ms(func: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
-def kv_f16_bytes_per_token(backend: LlamaBackend) -> int:
+def kv_f16_bytes_per_token(backend: Backend) -> int:
     """K+V bytes per token at f16 for every layer: the bound a KV state cannot beat uncompressed."""
     arch = backend.arch
     n_layer = int(backend.meta(f"{arch}.block_count"))
@@ -51,9 +50,15 @@ def kv_f16_bytes_per_token(backend: LlamaBackend) -> int:
 
 def bench_graft(engine: GraftEngine, lengths: list[int], *, repeat: int = 5) -> list[dict[str, Any]]:
     """Restore vs memcpy, and TTFT of graft / text RAG / plain, for each prefix length."""
-    backend = engine.backend
-    stream = backend.tokenize(_TEXT, add_bos=True)
-    query = backend.tokenize(_QUERY, add_bos=False)
+    stream = engine.tokenize(_TEXT, add_bos=True)
+    query = engine.tokenize(_QUERY)
+    preamble = engine.tokenize(render_preamble(), add_bos=True)
+    return engine.run_exclusive(lambda backend: _bench_rows(backend, stream, query, preamble, lengths, repeat))
+
+
+def _bench_rows(
+    backend: Backend, stream: list[int], query: list[int], preamble: list[int], lengths: list[int], repeat: int
+) -> list[dict[str, Any]]:
     bound = kv_f16_bytes_per_token(backend)
     rows = []
     for n in lengths:
@@ -84,7 +89,7 @@ def bench_graft(engine: GraftEngine, lengths: list[int], *, repeat: int = 5) -> 
 
         graft = median_phases(True, query)
         text_rag = median_phases(False, prefix + query)
-        plain = median_phases(False, engine._preamble_tokens + query)
+        plain = median_phases(False, preamble + query)
         rows.append(
             {
                 "prefix_tokens": n,
@@ -101,7 +106,6 @@ def bench_graft(engine: GraftEngine, lengths: list[int], *, repeat: int = 5) -> 
                 "f16_bound_per_token": bound,
             }
         )
-    backend.reset()
     return rows
 
 
@@ -109,17 +113,13 @@ def exactness_sweep(
     engine: GraftEngine, *, n_cases: int = 40, seed: int = 0, max_prefix: int | None = None
 ) -> list[dict[str, Any]]:
     """Bitwise restore checks over a seeded sample of (prefix, query) lengths."""
-    backend = engine.backend
-    stream = backend.tokenize(_TEXT, add_bos=True)
-    query_stream = backend.tokenize(_QUERY * 3, add_bos=False)
-    top = min(max_prefix or backend.n_ctx - 64, len(stream), backend.n_ctx - 64)
+    stream = engine.tokenize(_TEXT, add_bos=True)
+    query_stream = engine.tokenize(_QUERY * 3)
+    top = min(max_prefix or engine.n_ctx - 64, len(stream), engine.n_ctx - 64)
     rng = random.Random(seed)
     out = []
     for _ in range(n_cases):
         n, q = rng.randrange(16, top), rng.randrange(1, 41)
-        backend.reset()
-        backend.prefill(stream[:n])
-        diff = restore_diff(backend, stream[:n], backend.capture_state(), query_stream[:q], prefilled=True)
+        diff = engine.capture(stream[:n], probe=query_stream[:q]).max_diff
         out.append({"prefix_tokens": n, "query_tokens": q, "exact": diff == 0.0, "max_diff": diff})
-    backend.reset()
     return out

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ._checks import entry_problems
 from ._config import check_threshold
 from ._engine import GraftEngine
@@ -26,10 +24,9 @@ from ._index import IndexKind, VectorIndex, geometry_threshold, stale_index_file
 from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256, state_file_name
 from ._models import bundled_model_path
 from ._state import atomic_write, encode_state
-from ._template import Entry, render_query
-from .adapters.llama_cpp import LlamaBackend
+from ._template import Entry
 
-__all__ = ["BuildReport", "build_library", "capture_entry", "restore_diff"]
+__all__ = ["BuildReport", "build_library", "capture_entry"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,44 +42,21 @@ class BuildReport:
     inexact: list[str] = field(default_factory=list)
 
 
-def restore_diff(
-    backend: LlamaBackend, tokens: list[int], payload: Any, probe: list[int], *, prefilled: bool = False
-) -> float:
-    """Max |logit diff| between prefill(tokens) + probe and restore(payload) + probe; 0.0 when bitwise equal.
-
-    The reference is always a fresh prefill (``prefilled=True``: the backend holds exactly ``tokens``,
-    freshly prefilled, as right after a capture). Nothing is rolled back on a sliding-window cache.
-    """
-    if not prefilled:
-        backend.reset()
-        backend.prefill(tokens)
-    reference = backend.prefill(probe)
-    backend.restore_state(payload, len(tokens))
-    grafted = backend.prefill(probe)
-    backend.reset()
-    if np.array_equal(reference, grafted):
-        return 0.0
-    diff = float(np.max(np.abs(reference - grafted)))
-    return diff if diff > 0 else float("nan")  # unequal but no finite gap: NaNs, never "exact"
-
-
 def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearray, float]:
     """Prefill ``entry``'s prefix, capture its state and check a restore bitwise.
 
     Returns (prefix tokens, sequence-framed state, max |logit diff| of the probe: 0.0 when exact).
     The probe is the entry's own problem as a query, the likeliest question it will serve.
     """
-    backend = engine.backend
     tokens = engine.prefix_tokens(entry)
-    probe = backend.tokenize(render_query(entry.problem, same_as=entry), add_bos=False)
-    if len(tokens) + len(probe) + 1 > backend.n_ctx:
+    probe = engine.probe_tokens(entry)
+    if len(tokens) + len(probe) + 1 > engine.n_ctx:
         raise ContextOverflowError(
-            f"entry {entry.id} needs {len(tokens) + len(probe) + 1} tokens; n_ctx is {backend.n_ctx}"
+            f"entry {entry.id} needs {len(tokens) + len(probe) + 1} tokens; n_ctx is {engine.n_ctx}"
         )
-    backend.reset()
-    backend.prefill(tokens)
-    payload = backend.capture_state()
-    return tokens, payload, restore_diff(backend, tokens, payload, probe, prefilled=True)
+    captured = engine.capture(tokens, probe=probe)
+    assert captured.max_diff is not None
+    return tokens, captured.payload, captured.max_diff
 
 
 def build_library(
@@ -178,11 +152,9 @@ def build_library(
 
 def _fit_problems(engine: GraftEngine, entry: Entry) -> list[str]:
     """Why an entry cannot be built under ``engine``'s n_ctx (checked before anything is written)."""
-    needed = len(engine.prefix_tokens(entry)) + len(
-        engine.backend.tokenize(render_query(entry.problem, same_as=entry), add_bos=False)
-    )
-    if needed + 1 > engine.backend.n_ctx:
-        return [f"needs {needed + 1} tokens with its probe; n_ctx is {engine.backend.n_ctx}"]
+    needed = len(engine.prefix_tokens(entry)) + len(engine.probe_tokens(entry))
+    if needed + 1 > engine.n_ctx:
+        return [f"needs {needed + 1} tokens with its probe; n_ctx is {engine.n_ctx}"]
     return []
 
 
@@ -206,7 +178,7 @@ def _build_entry(engine: GraftEngine, path: Path, entry: Entry, src_sha: str, fp
 
 
 def _model_record(engine: GraftEngine) -> dict[str, Any]:
-    model_path = engine.backend.model_path.resolve()
+    model_path = engine.model_path.resolve()
     bundled = None
     for name in ("gemma3-270m", "smollm2-135m"):
         try:
@@ -242,7 +214,7 @@ def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None,
         index, indexed_problems = VectorIndex(embedder.dim, kind), {}
     missing = [i for i in sorted(library.entries) if i not in indexed_problems]
     if missing:
-        vectors = embedder.encode([library.entries[i].entry.problem for i in missing])
+        vectors = engine.embed([library.entries[i].entry.problem for i in missing])
         index.add(missing, vectors)
         indexed_problems.update({i: library.entries[i].entry.problem for i in missing})
     record = index.save(library.path)

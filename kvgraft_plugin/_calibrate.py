@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._engine import GraftEngine
-from ._exceptions import ConfigError, LibraryError
+from ._exceptions import ConfigError
 
 __all__ = ["CurvePoint", "calibrate"]
 
@@ -57,13 +57,10 @@ def _point(explained: Explained, threshold: float) -> CurvePoint:
 
 def calibrate(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> tuple[CurvePoint, list[CurvePoint]]:
     """The chosen point and the curve it was chosen from (one point per distinct candidate score)."""
-    router = engine.router
-    if router is None:
-        raise LibraryError("calibrate needs a library with entries")
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
-    explained: Explained = [(q.get("expect_entry"), router.explain(q["question"])) for q in labelled]
+    explained: Explained = [(q.get("expect_entry"), engine.explain(q["question"])) for q in labelled]
     scores = sorted({round(score, 4) for _, cands in explained for _, score, _ in cands} | {0.3, 0.95})
     curve = [_point(explained, threshold) for threshold in scores]
     fewest_wrong = min(p.wrong for p in curve)

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from ._build import restore_diff
 from ._engine import GraftEngine
 
 __all__ = ["DoctorRow", "run_doctor"]
@@ -40,8 +39,8 @@ class DoctorRow:
 
 
 def _lengths(engine: GraftEngine) -> dict[str, int]:
-    n_batch, n_ubatch, window = engine.config.llama.n_batch, engine.config.llama.n_ubatch, engine.backend.n_swa
-    room = engine.backend.n_ctx - PROBE_TOKENS - 1
+    n_batch, n_ubatch, window = engine.config.llama.n_batch, engine.config.llama.n_ubatch, engine.n_swa
+    room = engine.n_ctx - PROBE_TOKENS - 1
     lengths = {"one-token tail chunk": 2 * n_batch + 1, "past n_ubatch": n_ubatch + n_ubatch // 2 + 3}
     if window:
         lengths["below the window"] = max(2, window // 2)
@@ -51,7 +50,7 @@ def _lengths(engine: GraftEngine) -> dict[str, int]:
 
 def _tokens(engine: GraftEngine, n: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(100, min(engine.backend.n_vocab, 30000), size=n)]
+    return [int(t) for t in rng.integers(100, min(engine.n_vocab, 30000), size=n)]
 
 
 def _row(check: str, diff: float, served: bool, note: str = "") -> DoctorRow:
@@ -63,25 +62,21 @@ def run_doctor(engine: GraftEngine, *, threads: tuple[int, ...] = (1, 4), larger
     rows: list[DoctorRow] = []
     probe = _tokens(engine, PROBE_TOKENS, seed=0)
     captured: dict[str, tuple[list[int], bytes]] = {}
-    backend = engine.backend
     for i, (name, n) in enumerate(_lengths(engine).items(), start=1):
         tokens = _tokens(engine, n, seed=i)
-        backend.reset()
-        backend.prefill(tokens)
-        payload = backend.capture_state()
-        captured[name] = (tokens, bytes(payload))
-        diff = restore_diff(backend, tokens, payload, probe, prefilled=True)
+        capture = engine.capture(tokens, probe=probe)
+        captured[name] = (tokens, bytes(capture.payload))
+        diff = capture.max_diff
+        assert diff is not None
         rows.append(_row(f"restore {name} ({n} tokens)", diff, True, _settings(engine)))
     others: list[tuple[str, dict[str, Any]]] = [(f"n_threads={t}", {"n_threads": t}) for t in threads]
     if larger_ctx:
-        others.append((f"n_ctx={2 * engine.backend.n_ctx}", {"n_ctx": 2 * engine.backend.n_ctx}))
+        others.append((f"n_ctx={2 * engine.n_ctx}", {"n_ctx": 2 * engine.n_ctx}))
     for label, change in others:
         with GraftEngine(None, config=engine.config.replace(llama=engine.config.llama.replace(**change))) as other:
             for name, (tokens, saved) in captured.items():
-                other.backend.reset()
-                other.backend.prefill(tokens)
-                same_bytes = bytes(other.backend.capture_state()) == saved
-                diff = restore_diff(other.backend, tokens, bytearray(saved), probe, prefilled=True)
+                same_bytes = bytes(other.capture(tokens).payload) == saved
+                diff = other.restore_diff(tokens, bytearray(saved), probe)
                 note = "" if same_bytes else "the prefill wrote other KV bytes than the original"
                 rows.append(DoctorRow(f"{label}: restore {name}", diff == 0.0 and same_bytes, True, diff, note))
     return rows

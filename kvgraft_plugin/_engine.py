@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from ._backend import Backend
 from ._config import KV_TYPES, EngineConfig, LlamaConfig, RouteMode
 from ._exceptions import (
     BackendError,
@@ -50,11 +51,14 @@ from ._state import FORMAT_VERSION, SavedState
 from ._template import TEMPLATE_VERSION, Entry, render_entry, render_preamble, render_query
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
 
-__all__ = ["GraftChunk", "GraftEngine", "GraftResult"]
+__all__ = ["Capture", "GraftChunk", "GraftEngine", "GraftResult"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROUTES = ("graft", "text-rag", "plain")
+#: Settings a request may override (``stream(routing=...)``): they change the route, never the KV bytes.
+ROUTING_SETTINGS = frozenset({"threshold", "margin", "top_k", "guards", "match_check", "fallback"})
 FALLBACK_CODES = ("no-match", "integrity", "incompatible", "inexact", "too-long", "unsigned", "missing")
 
 
@@ -99,6 +103,16 @@ class GraftChunk:
     result: GraftResult | None = None
 
 
+@dataclass(frozen=True)
+class Capture:
+    """A saved sequence state and, when a probe was given, how exactly it restores."""
+
+    payload: bytearray
+    max_diff: float | None
+    """Max |logit diff| of the probe after a restore vs after a fresh prefill: 0.0 is bitwise equal;
+    ``None`` without a probe; NaN when they differ without a finite gap."""
+
+
 @dataclass
 class _Plan:
     route: str
@@ -127,6 +141,12 @@ class GraftEngine:
             `EngineConfig` field (``threshold``, ``top_k``, ``max_tokens``, ``key_file``...) is accepted.
         state_cache: where verified state bytes are kept between requests; an LRU of
             ``config.cache_bytes`` by default.
+        backend: a ready model runtime (see `Backend`) instead of loading ``model_path`` with llama.cpp;
+            for tests and other runtimes. The engine closes it.
+
+    The backend is touched by the worker thread only. Tools (build, verify, doctor, bench) use the public
+    methods below, which run there between requests: `tokenize`, `capture`, `restore_diff`, and
+    `run_exclusive` for measurements that need the backend itself.
     """
 
     def __init__(
@@ -135,6 +155,7 @@ class GraftEngine:
         *,
         config: EngineConfig | None = None,
         state_cache: BaseStateCache | None = None,
+        backend: Backend | None = None,
         **overrides: Any,
     ) -> None:
         self.config = (config or EngineConfig()).with_settings(**overrides)
@@ -144,23 +165,30 @@ class GraftEngine:
         self.library = library if isinstance(library, Library) or library is None else Library.open(library, key=key)
         if self.library is not None and self.library.trusted and config is None:
             self.config = self.config.replace(llama=_library_settings(self.library, self.config.llama, overrides))
-        model_path = self._resolve_model_path()
-        self.backend = LlamaBackend(model_path, self.config.llama)
+        self.backend: Backend = backend or LlamaBackend(self._resolve_model_path(), self.config.llama)
+        """The runtime. Call it only on the worker thread: from tools, through `run_exclusive`."""
+        model_path = self.backend.model_path
         self._closed = False
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgraft")
+        self._worker_thread: threading.Thread | None = None
+        self._worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kvgraft", initializer=self._mark_worker_thread
+        )
         self._embedder: Embedder | None = None
         self._index: VectorIndex | None = None
-        self._router: Router | None = None
+        self._routers: dict[tuple[Any, ...], Router] = {}
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         try:
             self.model_sha256 = file_sha256(model_path)
             self.fingerprint = self._make_fingerprint()
-            self._preamble_tokens = self.backend.tokenize(render_preamble(), add_bos=True)
+            self._preamble_tokens = self.tokenize(render_preamble(), add_bos=True)
             if self.library is not None and self.library.trusted and self.library.entries:
-                self._worker.submit(self._warm_up).result()
+                self._on_worker(self._warm_up)
         except BaseException:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise
+
+    def _mark_worker_thread(self) -> None:
+        self._worker_thread = threading.current_thread()
 
     def _warm_up(self) -> None:
         """Load torch, the embedder and the index now, on the worker thread, not in the first TTFT.
@@ -215,49 +243,155 @@ class GraftEngine:
         return self._index
 
     def reload_index(self) -> None:
-        """Forget the loaded index and router: the next request reads the library's index again."""
-        self._index, self._router = None, None
+        """Forget the loaded index and routers: the next request reads the library's index again."""
+        self._index = None
+        self._routers.clear()
 
     @property
     def router(self) -> Router | None:
-        """The router over the library's index (``None`` without a non-empty library)."""
+        """The router over the library's index with the engine's settings (``None`` without a non-empty library)."""
+        return self._router_for(self.config)
+
+    def _router_for(self, config: EngineConfig) -> Router | None:
         index = self.index
         if index is None or self.library is None:
             return None
-        if self._router is None:
+        threshold, margin = self._threshold(config), self._margin(config)
+        key = (threshold, margin, config.top_k, config.guards, config.match_check)
+        router = self._routers.get(key)
+        if router is None:
             entries = {k: r.entry for k, r in self.library.entries.items()}
-            self._router = Router(
+            router = self._routers[key] = Router(
                 self.embedder.encode,
                 lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
                 entries,
-                threshold=self.threshold,
-                margin=self.margin,
-                top_k=self.config.top_k,
-                guards=DEFAULT_GUARDS if self.config.guards else (),
-                match_check=load_match_check(self.config.match_check),
+                threshold=threshold,
+                margin=margin,
+                top_k=config.top_k,
+                guards=DEFAULT_GUARDS if config.guards else (),
+                match_check=load_match_check(config.match_check),
             )
-        return self._router
+        return router
 
     @property
     def margin(self) -> float:
         """The score margin in force: the config's, else the library's (0 = off)."""
-        if self.config.margin is not None:
-            return self.config.margin
-        return float(self.library.routing.get("margin") or 0.0) if self.library is not None else 0.0
+        return self._margin(self.config)
 
     @property
     def threshold(self) -> float:
         """The similarity threshold in force: the config's, else the library's (calibrated or derived at build)."""
-        if self.config.threshold is not None:
-            return self.config.threshold
+        return self._threshold(self.config)
+
+    def _margin(self, config: EngineConfig) -> float:
+        if config.margin is not None:
+            return config.margin
+        return float(self.library.routing.get("margin") or 0.0) if self.library is not None else 0.0
+
+    def _threshold(self, config: EngineConfig) -> float:
+        if config.threshold is not None:
+            return config.threshold
         if self.library is not None and self.library.threshold is not None:
             return float(self.library.threshold)
         return SINGLE_ENTRY_THRESHOLD
 
+    # -- tools' API: each call runs on the worker thread, between requests ----------------------------
+
+    @property
+    def model_path(self) -> Path:
+        """The GGUF file in use."""
+        return self.backend.model_path
+
+    @property
+    def n_ctx(self) -> int:
+        """The context length of the llama.cpp context."""
+        return self.backend.n_ctx
+
+    @property
+    def n_swa(self) -> int:
+        """The model's sliding-window size (0: dense)."""
+        return self.backend.n_swa
+
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size."""
+        return self.backend.n_vocab
+
+    def run_exclusive(self, fn: Callable[[Backend], T]) -> T:
+        """``fn(backend)`` on the worker thread, between requests, with an empty cache afterwards.
+
+        For measurements (``kvgraft bench-graft``, ``kvgraft doctor``) that time or probe the runtime itself.
+        """
+        self._check_open()
+
+        def run() -> T:
+            try:
+                return fn(self.backend)
+            finally:
+                self.backend.reset()
+
+        return self._on_worker(run)
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text``."""
+        return self._on_worker(lambda: self.backend.tokenize(text, add_bos=add_bos))
+
     def prefix_tokens(self, record_or_entry: Any) -> list[int]:
         """Token ids of the graft prefix (preamble + entry) for an entry."""
         entry = getattr(record_or_entry, "entry", record_or_entry)
-        return self.backend.tokenize(render_preamble() + render_entry(entry), add_bos=True)
+        return self.tokenize(render_preamble() + render_entry(entry), add_bos=True)
+
+    def probe_tokens(self, entry: Entry) -> list[int]:
+        """The query suffix that asks ``entry``'s own problem: the probe of every restore check."""
+        return self.tokenize(render_query(entry.problem, same_as=entry))
+
+    def capture(self, tokens: Sequence[int], *, probe: Sequence[int] | None = None) -> Capture:
+        """Prefill ``tokens`` from an empty cache and save the sequence's state.
+
+        With ``probe``, also check that restoring the state and prefilling ``probe`` gives bitwise the
+        logits of the fresh prefill followed by ``probe``.
+        """
+
+        def run(backend: Backend) -> Capture:
+            backend.reset()
+            backend.prefill(tokens)
+            payload = backend.capture_state()
+            diff = None if probe is None else _restore_diff(backend, tokens, payload, probe, prefilled=True)
+            return Capture(payload, diff)
+
+        return self.run_exclusive(run)
+
+    def restore_diff(self, tokens: Sequence[int], payload: bytearray, probe: Sequence[int]) -> float:
+        """Max |logit diff| of ``probe`` after restoring ``payload`` vs after prefilling ``tokens`` afresh:
+        0.0 when bitwise equal, NaN when unequal without a finite gap."""
+        return self.run_exclusive(lambda backend: _restore_diff(backend, tokens, payload, probe))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """L2-normalised embeddings of ``texts`` by the library's embedder."""
+        return self._on_worker(lambda: self.embedder.encode(list(texts)))
+
+    def explain(self, question: str) -> list[tuple[str, float, str | None]]:
+        """Every candidate the router considers for ``question``: (entry id, score, refusal or ``None``)."""
+        check_question(question)
+
+        def run() -> list[tuple[str, float, str | None]]:
+            router = self.router
+            if router is None:
+                raise LibraryError("routing needs a library with entries and an index")
+            return router.explain(question)
+
+        return self._on_worker(run)
+
+    def validate_state(self, state: SavedState, record: EntryRecord) -> None:
+        """The checks made on a state before its first use: its ids are exactly what text RAG feeds for the
+        entry, and its bytes are well formed for this runtime (`StateError` if not)."""
+        self._on_worker(lambda: self._validate_payload(state, record))
+
+    def _on_worker(self, fn: Callable[[], T]) -> T:
+        if threading.current_thread() is self._worker_thread:
+            return fn()  # already on the worker (inside a request or a tool call)
+        self._check_open()
+        return self._worker.submit(fn).result()
 
     # -- public API -----------------------------------------------------------------------------------
 
@@ -277,7 +411,7 @@ class GraftEngine:
                 return []
             return index.search(self.embedder.encode([question])[0], k or self.config.top_k)
 
-        return self._worker.submit(run).result()
+        return self._on_worker(run)
 
     def ask(self, question: str, **kwargs: Any) -> GraftResult:
         """Answer ``question``; keyword arguments as for `stream`."""
@@ -299,6 +433,7 @@ class GraftEngine:
         seed: int | None = None,
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
+        routing: Mapping[str, Any] | None = None,
     ) -> Iterator[GraftChunk]:
         """Answer ``question``, yielding text as it is decoded; the last chunk carries the result.
 
@@ -306,8 +441,11 @@ class GraftEngine:
         or plain decoding (no match, too long); ``graft``/``text-rag`` force a route for the matched
         (or ``entry_id``) entry; ``plain`` never uses the library. ``system`` and ``history`` (earlier
         question/answer turns) are rendered into the suffix; routing uses ``question`` alone.
+        ``routing`` overrides `ROUTING_SETTINGS` (``threshold``, ``margin``, ``top_k``, ``guards``,
+        ``match_check``, ``fallback``) for this request only.
         """
         self._check_open()
+        config = self._request_config(routing)
         if mode not in ("auto", *ROUTES):
             raise ConfigError(f"mode must be one of auto, graft, text-rag, plain; got {mode!r}")
         check_question(question)
@@ -325,7 +463,7 @@ class GraftEngine:
 
         def produce() -> None:
             try:
-                for chunk in self._run(question, mode, entry_id, system, history, cancel, **settings):
+                for chunk in self._run(question, config, mode, entry_id, system, history, cancel, **settings):
                     chunks.put(chunk)
             except BaseException as exc:  # handed to the caller's thread, raised there
                 chunks.put(exc)
@@ -343,9 +481,20 @@ class GraftEngine:
 
     # -- the data path ----------------------------------------------------------------------------------
 
+    def _request_config(self, routing: Mapping[str, Any] | None) -> EngineConfig:
+        if not routing:
+            return self.config
+        unknown = set(routing) - ROUTING_SETTINGS
+        if unknown:
+            raise ConfigError(
+                f"not a per-request routing setting: {sorted(unknown)} (allowed: {sorted(ROUTING_SETTINGS)})"
+            )
+        return self.config.with_settings(**routing)
+
     def _run(
         self,
         question: str,
+        config: EngineConfig,
         mode: str,
         entry_id: str | None,
         system: str | None,
@@ -358,10 +507,9 @@ class GraftEngine:
         phases: dict[str, float] = {}
 
         def suffix(entry: Entry | None) -> list[int]:
-            text = render_query(question, system=system, history=history, same_as=entry)
-            return self.backend.tokenize(text, add_bos=False)
+            return self.tokenize(render_query(question, system=system, history=history, same_as=entry))
 
-        plan = self._plan(question, suffix, mode, entry_id, settings["max_tokens"], phases)
+        plan = self._plan(question, config, suffix, mode, entry_id, settings["max_tokens"], phases)
         try:
             logits = self._prefill(plan, phases)
         except BackendError as exc:
@@ -386,6 +534,7 @@ class GraftEngine:
     def _plan(
         self,
         question: str,
+        config: EngineConfig,
         render: Callable[[Entry | None], list[int]],
         mode: str,
         entry_id: str | None,
@@ -408,7 +557,7 @@ class GraftEngine:
         if library is None:
             if mode != "auto" or entry_id is not None:
                 raise LibraryError("no library is loaded")
-            return self._no_match(plain, "no library is loaded")
+            return _no_match(config, plain, "no library is loaded")
         if not library.trusted:
             plain.reason = f"unsigned: {library.untrusted_reason}"
             return plain
@@ -418,14 +567,14 @@ class GraftEngine:
         if entry_id is not None:
             record = library.get(entry_id)
         else:
-            router = self.router
+            router = self._router_for(config)
             if router is None:
-                return self._no_match(plain, "the library has no entries or no index yet (rerun kvgraft build)")
+                return _no_match(config, plain, "the library has no entries or no index yet (rerun kvgraft build)")
             decision = router.route(question)
             phases.update(decision.phases_ms)
             plain.trail = decision.trail
             if isinstance(decision, NoMatch):
-                return self._no_match(plain, decision.reason)
+                return _no_match(config, plain, decision.reason)
             record, score = library.get(decision.entry_id), decision.score
 
         if source_sha256(record.entry) != record.source_sha256:
@@ -471,12 +620,6 @@ class GraftEngine:
         return _Plan(
             "graft", suffix, len(suffix), record, state, score, trail=plain.trail, max_tokens=budget, notes=notes
         )
-
-    def _no_match(self, plain: _Plan, message: str) -> _Plan:
-        if self.config.fallback == "raise":
-            raise NoMatchError(f"no library entry matches: {message}")
-        plain.reason = f"no-match: {message}"
-        return plain
 
     def _validate_payload(self, state: SavedState, record: EntryRecord) -> None:
         """Checks made once per process before a state is cached: its ids are exactly the ids text RAG
@@ -589,7 +732,10 @@ class GraftEngine:
         if self._closed:
             return
         self._closed = True
-        self._worker.submit(self.backend.close).result()
+        try:
+            self._worker.submit(self.backend.close).result()
+        except RuntimeError:  # the interpreter is exiting and takes no new work: no request can be running
+            self.backend.close()
         self._worker.shutdown()
 
     def _check_open(self) -> None:
@@ -630,6 +776,13 @@ def _library_settings(library: Library, llama: LlamaConfig, explicit: Mapping[st
         return llama
 
 
+def _no_match(config: EngineConfig, plain: _Plan, message: str) -> _Plan:
+    if config.fallback == "raise":
+        raise NoMatchError(f"no library entry matches: {message}")
+    plain.reason = f"no-match: {message}"
+    return plain
+
+
 def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
     """The model a library was built with (its manifest's ``model`` record), on this machine."""
     if model.get("bundled"):
@@ -647,6 +800,27 @@ def check_question(question: Any) -> None:
         question.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise QueryError("the query is not valid UTF-8") from exc
+
+
+def _restore_diff(
+    backend: Backend, tokens: Sequence[int], payload: Any, probe: Sequence[int], *, prefilled: bool = False
+) -> float:
+    """Max |logit diff| between prefill(tokens) + probe and restore(payload) + probe; 0.0 when bitwise equal.
+
+    The reference is always a fresh prefill (``prefilled=True``: the backend holds exactly ``tokens``,
+    freshly prefilled, as right after a capture). Nothing is rolled back on a sliding-window cache.
+    """
+    if not prefilled:
+        backend.reset()
+        backend.prefill(tokens)
+    reference = backend.prefill(probe)
+    backend.restore_state(payload, len(tokens))
+    grafted = backend.prefill(probe)
+    backend.reset()
+    if np.array_equal(reference, grafted):
+        return 0.0
+    diff = float(np.max(np.abs(reference - grafted)))
+    return diff if diff > 0 else float("nan")  # unequal but no finite gap: NaNs, never "exact"
 
 
 def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:

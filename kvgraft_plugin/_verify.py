@@ -12,7 +12,7 @@ from ._engine import GraftEngine
 from ._exceptions import IndexMismatchError, KVGraftError, LibraryError, StateError
 from ._library import fingerprint_sha256, source_sha256
 from ._state import read_file
-from ._template import Entry, render_query
+from ._template import Entry
 
 __all__ = ["VerifyRow", "verify_library"]
 
@@ -61,7 +61,7 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
                 record,
                 engine.fingerprint,
                 None,
-                lambda state: engine._validate_payload(state, record),  # noqa: B023
+                lambda state: engine.validate_state(state, record),  # noqa: B023
             )
             if fidelity:
                 diff = _fidelity(engine, list(record.tokens), state.payload, record.entry)
@@ -96,7 +96,7 @@ def _verify_index(engine: GraftEngine, *, repair: bool) -> VerifyRow:
         index = engine.index
         if index is None or set(index.ids) != set(library.entries):
             raise LibraryError("the index does not list exactly the manifest's entries")
-        expected = engine.embedder.encode([library.entries[i].entry.problem for i in index.ids])
+        expected = engine.embed([library.entries[i].entry.problem for i in index.ids])
         worst = float(np.min(np.sum(expected * index.vectors(), axis=1)))
         if worst < 0.999:
             raise IndexMismatchError(f"an index row is not its entry's problem (cosine {worst:.3f})")
@@ -113,8 +113,5 @@ def _verify_index(engine: GraftEngine, *, repair: bool) -> VerifyRow:
 
 
 def _fidelity(engine: GraftEngine, tokens: list[int], payload: Any, entry: Entry) -> str | None:
-    from ._build import restore_diff
-
-    probe = engine.backend.tokenize(render_query(entry.problem, same_as=entry), add_bos=False)
-    diff = restore_diff(engine.backend, tokens, payload, probe)
+    diff = engine.restore_diff(tokens, payload, engine.probe_tokens(entry))
     return None if diff == 0.0 else f"max |diff| {diff:.4g}"

@@ -17,7 +17,11 @@ from ._exceptions import KVGraftError, QueryError, SourceError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+def examples_dir() -> Path:
+    """The example libraries: package data in an installed wheel, the top-level ``examples/`` in a checkout."""
+    installed = Path(__file__).resolve().parent / "examples"
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "examples"
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -81,10 +85,7 @@ def routing_options(func: F) -> F:
 
 def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
     """An `EngineConfig` from CLI options (``None`` means "default")."""
-    try:
-        return EngineConfig().with_settings(**options, **engine)
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    return EngineConfig().with_settings(**options, **engine)
 
 
 def _engine(library: str | None, options: dict[str, Any], **engine: Any) -> Any:
@@ -151,30 +152,27 @@ def build(
     from ._engine import GraftEngine, remembered_model_path
     from ._library import Library, read_source
 
-    try:
-        entries = read_source(source)
-        if (Path(library) / "manifest.json").is_file():  # a library remembers its model and embedder
-            existing = Library.open(library)
-            if options.get("model_path") is None and (path := remembered_model_path(existing.model)):
-                options["model_path"] = str(path)
-            stored = existing.embedder.get("name") or ""
-            if embedder is None and stored and not stored.startswith("bundled:"):
-                embedder = stored
-        config = make_config(options, embedder=embedder)
-        with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
-            report = build_library(
-                library,
-                entries,
-                engine=engine,
-                rebuild=rebuild,
-                prune=prune,
-                skip_invalid=skip_invalid,
-                index_kind=index_kind,  # type: ignore[arg-type]
-                threshold=threshold,
-                progress=bar.update,
-            )
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    entries = read_source(source)
+    if (Path(library) / "manifest.json").is_file():  # a library remembers its model and embedder
+        existing = Library.open(library)
+        if options.get("model_path") is None and (path := remembered_model_path(existing.model)):
+            options["model_path"] = str(path)
+        stored = existing.embedder.get("name") or ""
+        if embedder is None and stored and not stored.startswith("bundled:"):
+            embedder = stored
+    config = make_config(options, embedder=embedder)
+    with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
+        report = build_library(
+            library,
+            entries,
+            engine=engine,
+            rebuild=rebuild,
+            prune=prune,
+            skip_invalid=skip_invalid,
+            index_kind=index_kind,  # type: ignore[arg-type]
+            threshold=threshold,
+            progress=bar.update,
+        )
     click.echo(
         f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
         f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library}"
@@ -235,31 +233,28 @@ def ask(
         check_question(question)  # before the model loads
     if entry_id is not None and library is not None:
         Library.open(library).get(entry_id)
-    try:
-        with _engine(library, options, max_tokens=max_tokens) as engine:
-            for row in rows:
-                try:
-                    result = engine.ask(row["question"], mode=mode, entry_id=entry_id)
-                except QueryError as exc:
-                    if not queries:
-                        raise
-                    click.echo(json.dumps({"id": row["id"], "error": str(exc)}) if as_json else f"error: {exc}")
-                    continue
-                if as_json:
-                    out = result.to_json()
-                    if queries:
-                        out = {"id": row["id"], **out}
-                    click.echo(json.dumps(out, ensure_ascii=False))
-                else:
-                    click.echo(result.text)
-                    reason = f" ({result.fallback_reason})" if result.fallback_reason else ""
-                    click.echo(
-                        f"[{result.route} {result.entry_id or '-'}{reason}; {result.decode_tokens} decode tokens, "
-                        f"ttft {result.ttft_ms:.0f} ms]",
-                        err=True,
-                    )
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    with _engine(library, options, max_tokens=max_tokens) as engine:
+        for row in rows:
+            try:
+                result = engine.ask(row["question"], mode=mode, entry_id=entry_id)
+            except QueryError as exc:
+                if not queries:
+                    raise
+                click.echo(json.dumps({"id": row["id"], "error": str(exc)}) if as_json else f"error: {exc}")
+                continue
+            if as_json:
+                out = result.to_json()
+                if queries:
+                    out = {"id": row["id"], **out}
+                click.echo(json.dumps(out, ensure_ascii=False))
+            else:
+                click.echo(result.text)
+                reason = f" ({result.fallback_reason})" if result.fallback_reason else ""
+                click.echo(
+                    f"[{result.route} {result.entry_id or '-'}{reason}; {result.decode_tokens} decode tokens, "
+                    f"ttft {result.ttft_ms:.0f} ms]",
+                    err=True,
+                )
 
 
 @main.command()
@@ -269,10 +264,7 @@ def info(library: str, as_json: bool) -> None:
     """Show a library: entries, sizes, fingerprint, index and threshold."""
     from ._library import Library
 
-    try:
-        lib = Library.open(library)
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    lib = Library.open(library)
     entries: list[dict[str, Any]] = [
         {
             "id": r.id,
@@ -329,16 +321,13 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
     from ._demo import run_demo
     from ._models import default_cache_dir
 
-    source = source or str(EXAMPLES / "library.jsonl")
-    queries = queries or str(EXAMPLES / "queries.jsonl")
+    source = source or str(examples_dir() / "library.jsonl")
+    queries = queries or str(examples_dir() / "queries.jsonl")
     for path in (source, queries):
         if not Path(path).is_file():
             raise click.ClickException(f"{path} not found; pass --source and --queries")
     library = library or str(default_cache_dir() / "demo-library")
-    try:
-        run_demo(library, source, queries, config=make_config(options, max_tokens=max_tokens), echo=click.echo)
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    run_demo(library, source, queries, config=make_config(options, max_tokens=max_tokens), echo=click.echo)
 
 
 @main.command()
@@ -364,14 +353,11 @@ def bench(
     if unknown or not chosen:
         raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
     rows = _read_queries(queries)
-    try:
-        check = load_checker(checker) if checker else None
-        with _engine(library, options) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
-            summary = run_bench(
-                engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
-            )
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    check = load_checker(checker) if checker else None
+    with _engine(library, options) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
+        summary = run_bench(
+            engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
+        )
     from ._bench import render_markdown
 
     click.echo(render_markdown(summary))
@@ -395,15 +381,12 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
     from ._library import Library
 
     rows = _read_queries(queries)
-    try:
-        with _engine(library, options) as engine:
-            chosen, curve = run_calibrate(engine, rows)
-        lib = Library.open(library)
-        was_signed = (lib.path / "manifest.sig").is_file()
-        lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows)}
-        lib.save()
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    with _engine(library, options) as engine:
+        chosen, curve = run_calibrate(engine, rows)
+    lib = Library.open(library)
+    was_signed = (lib.path / "manifest.sig").is_file()
+    lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows)}
+    lib.save()
     if as_json:
         points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong, "recall": p.recall} for p in curve]
         click.echo(
@@ -441,7 +424,7 @@ def doctor(as_json: bool, threads: str, larger_ctx: bool, **options: Any) -> Non
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
     with _engine(None, options) as engine:
         rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx)
-        model = engine.backend.model_path.name
+        model = engine.model_path.name
     failed = [r for r in rows if r.served and not r.exact]
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows]))
@@ -473,7 +456,7 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
     if as_json:
         click.echo(json.dumps({"rows": rows, "sweep": cases}, indent=1))
     else:
-        click.echo(f"model {engine.backend.model_path.name}, {engine.config.llama.n_threads} threads\n")
+        click.echo(f"model {engine.model_path.name}, {engine.config.llama.n_threads} threads\n")
         click.echo(
             "| prefix tok | state MiB | restore ms | numpy copy ms | restore/copy | TTFT graft ms "
             "(restore+prefill) | TTFT text-rag ms | TTFT plain ms | graft/plain | text-rag/graft "
@@ -524,23 +507,20 @@ def curate(
 
     if attempts < 1:
         raise click.UsageError("--attempts must be >= 1")
-    try:
-        rows = read_problems(problems)
-        with (
-            _engine(None, options, max_tokens=max_tokens) as engine,
-            tqdm(total=len(rows), desc="curate") as bar,
-        ):
-            reports = run_curate(
-                engine,
-                rows,
-                Path(out),
-                attempts=attempts,
-                temperature=temperature,
-                checker=load_checker(checker),
-                progress=bar.update,
-            )
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    rows = read_problems(problems)
+    with (
+        _engine(None, options, max_tokens=max_tokens) as engine,
+        tqdm(total=len(rows), desc="curate") as bar,
+    ):
+        reports = run_curate(
+            engine,
+            rows,
+            Path(out),
+            attempts=attempts,
+            temperature=temperature,
+            checker=load_checker(checker),
+            progress=bar.update,
+        )
     click.echo(f"{'id':<24} {'attempts':>8} {'successes':>9} {'decode tok':>10} kept")
     for r in reports:
         click.echo(f"{r.id:<24} {r.attempts:>8} {r.successes:>9} {r.decode_tokens:>10} {'yes' if r.kept else 'no'}")
@@ -563,11 +543,8 @@ def verify(library: str, fidelity: bool, repair: bool, key_file: str | None, as_
     """Check every entry's integrity and compatibility (and fidelity); exit 1 on any failure."""
     from ._verify import verify_library
 
-    try:
-        with _engine(library, options, key_file=key_file) as engine:
-            rows = verify_library(engine, fidelity=fidelity, repair=repair)
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    with _engine(library, options, key_file=key_file) as engine:
+        rows = verify_library(engine, fidelity=fidelity, repair=repair)
     failed = [r for r in rows if not r.ok and not r.repaired]
     if as_json:
         click.echo(json.dumps({"ok": not failed, "entries": [r.to_json() for r in rows]}, indent=1))
@@ -603,10 +580,7 @@ def sign(library: str, key_file: str) -> None:
     """Write LIBRARY/manifest.sig: HMAC-SHA256 of the manifest (entries, state hashes, index hash)."""
     from ._library import Library, load_key
 
-    try:
-        path = Library.open(library).sign(load_key(key_file))
-    except KVGraftError as exc:
-        raise _fail(exc) from exc
+    path = Library.open(library).sign(load_key(key_file))
     click.echo(f"signed {path}")
 
 

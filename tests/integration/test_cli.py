@@ -115,6 +115,25 @@ def test_build_errors_are_one_clean_line(tmp_path, lines, message):
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["bench-graft"], ["doctor"], ["ask", "hello"], ["curate", "{src}", "--out", "{src}.out"], ["build", "{src}"]],
+)
+def test_every_command_reports_a_bad_setting_in_one_line(tmp_path, command):
+    """The click group turns any KVGraftError into one line and exit 1, for every command."""
+    src = tmp_path / "src.jsonl"
+    src.write_text('{"id": "a", "problem": "What is 2 plus 2?", "solution": "It is 4.", "answer": "4"}\n')
+    args = [a.format(src=src) for a in command]
+    result = run(*args, "--n-ctx", 64, "--n-batch", 128, *(["--library", tmp_path / "lib"] if "build" in args else []))
+    assert result.exit_code == 1 and "n_batch" in result.output and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_bench_graft_overflow_is_a_clean_error(gemma_path):
+    result = run("bench-graft", "--lengths", 600, "--n-ctx", 512, "--model", gemma_path, "--n-threads", 2)
+    assert result.exit_code == 1 and "n_ctx" in result.output and "Traceback" not in result.output, result.output
+
+
 def test_skip_invalid(tmp_path, gemma_path):
     src = tmp_path / "src.jsonl"
     src.write_text(

@@ -8,7 +8,8 @@ from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from kvgraft_plugin import GraftEngine, KVGraftError, NoMatchError
+from kvgraft_plugin import ConfigError, EngineClosedError, GraftEngine, KVGraftError, NoMatchError
+from kvgraft_plugin._template import render_query
 from kvgraft_plugin.adapters.langchain import ChatKVGraft, KVGraftLLM, KVGraftRetriever
 
 LIB: dict[str, str] = {}
@@ -16,7 +17,12 @@ LIB: dict[str, str] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def _library(small_library, gemma_path):
+    """Holds one instance for the module, so the pooled engine outlives the suites' short-lived instances."""
     LIB["path"], LIB["model"] = str(small_library), str(gemma_path)
+    holder = ChatKVGraft(**params())
+    LIB["engine"] = holder._get_engine()
+    yield
+    holder.release()
 
 
 def params() -> dict:
@@ -63,13 +69,44 @@ class TestKVGraftRetriever(RetrieversIntegrationTests):
 
 @pytest.fixture(scope="module")
 def engine():
-    return ChatKVGraft(**params())._get_engine()
+    return LIB["engine"]
 
 
 def test_instances_share_one_engine(engine):
-    assert ChatKVGraft(**params(), temperature=0.5)._get_engine() is engine
+    """Generation and routing settings travel with each request: they never load a second model."""
+    assert ChatKVGraft(**params(), temperature=0.5, seed=3)._get_engine() is engine
     assert KVGraftLLM(**params(), max_tokens=5)._get_engine() is engine
+    assert ChatKVGraft(**params(), threshold=0.99, margin=0.1, top_k=2, guards=False)._get_engine() is engine
     assert ChatKVGraft(engine=engine)._get_engine() is engine
+
+
+def test_routing_settings_apply_per_request(engine):
+    strict = ChatKVGraft(**params(), threshold=0.999)
+    assert strict._get_engine() is engine
+    question = "What do you get when you multiply 17 by 23?"
+    assert strict.invoke(question).response_metadata["route"] == "plain"
+    assert ChatKVGraft(**params()).invoke(question).response_metadata["route"] == "graft"
+    assert strict.invoke(question, threshold=0.3).response_metadata["route"] == "graft"
+    with pytest.raises(ValueError, match="threshold"):  # pydantic's ValidationError around our ConfigError
+        ChatKVGraft(**params(), threshold=1.5)
+
+
+def test_last_user_releases_the_engine(small_library, gemma_path):
+    first = ChatKVGraft(library=str(small_library), model_path=str(gemma_path), n_threads=1)
+    second = KVGraftLLM(library=str(small_library), model_path=str(gemma_path), n_threads=1, max_tokens=3)
+    engine = first._get_engine()
+    assert second._get_engine() is engine
+    first.release()
+    assert engine.ask("What is 17 times 23?").route == "graft"  # still used by the second instance
+    del second  # garbage collection releases it too
+    import gc
+
+    gc.collect()
+    with pytest.raises(EngineClosedError):
+        engine.ask("What is 17 times 23?")
+    again = ChatKVGraft(library=str(small_library), model_path=str(gemma_path), n_threads=1)
+    assert again._get_engine() is not engine and again.invoke("What is 17 times 23?").content == "391"
+    again.release()
 
 
 @pytest.mark.parametrize("model_cls", [ChatKVGraft, KVGraftLLM])
@@ -125,15 +162,53 @@ def test_streaming_calls_on_llm_new_token(engine):
 
 def test_history_and_system_enter_the_suffix(engine):
     chat = ChatKVGraft(engine=engine)
+    question = "What is 17 times 23?"
     message = chat.invoke(
-        [
-            ("system", "Answer with a number."),
-            ("human", "What is 2 plus 2?"),
-            ("ai", "4"),
-            ("human", "What is 17 times 23?"),
-        ]
+        [("system", "Answer with a number."), ("human", "What is 2 plus 2?"), ("ai", "4"), ("human", question)]
     )
-    assert message.response_metadata["route"] == "graft" and message.content == "391"
+    meta = message.response_metadata
+    assert meta["route"] == "graft" and message.content == "391"
+    entry = engine.library.get(meta["entry_id"]).entry
+    suffix = render_query(question, system="Answer with a number.", history=[("What is 2 plus 2?", "4")], same_as=entry)
+    assert meta["prefill_tokens"] == len(engine.tokenize(suffix))  # what a graft prefills is exactly that suffix
+    assert meta["prefill_tokens"] > len(engine.tokenize(render_query(question, same_as=entry)))
+
+
+@pytest.mark.parametrize(
+    "messages, refused",
+    [
+        ([("human", "What is 17 times 23?"), ("ai", "391")], "last message must be a human"),
+        ([("human", "What is 17 times 23?"), ("system", "Be brief.")], "last message must be a human"),
+        ("tool", "type 'tool'"),
+        ("tool_call", "tool calls"),
+        ("image", "text only"),
+        ("role", "role 'critic'"),
+    ],
+)
+def test_unsupported_messages_are_refused(engine, messages, refused):
+    from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, ToolMessage
+
+    question = HumanMessage("What is 17 times 23?")
+    built = {
+        "tool": [question, ToolMessage("391", tool_call_id="1"), question],
+        "tool_call": [question, AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1"}]), question],
+        "image": [HumanMessage([{"type": "image", "url": "https://x/y.png"}, {"type": "text", "text": "hi"}])],
+        "role": [ChatMessage(role="critic", content="no"), question],
+    }
+    with pytest.raises(ConfigError, match=refused):
+        ChatKVGraft(engine=engine).invoke(built[messages] if isinstance(messages, str) else messages)
+
+
+def test_chat_roles_map_like_the_message_classes(engine):
+    from langchain_core.messages import ChatMessage
+
+    chat = ChatKVGraft(engine=engine)
+    as_classes = chat.invoke([("system", "Be brief."), ("human", "What is 17 times 23?")])
+    as_roles = chat.invoke(
+        [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="What is 17 times 23?")]
+    )
+    assert as_roles.content == as_classes.content
+    assert as_roles.response_metadata["prefill_tokens"] == as_classes.response_metadata["prefill_tokens"]
 
 
 def test_fallback_raise_composes_with_fallbacks(small_library, gemma_path):

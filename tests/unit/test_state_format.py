@@ -40,15 +40,13 @@ def test_roundtrip_keeps_everything():
 
 def test_every_single_bit_flip_is_caught():
     data = encode_state("e1", [1, 2, 3], FP, make_payload(n_tokens=2, n_layer=1, row=4))
-    caught = 0
+    decode_state(bytearray(data))  # the unflipped file decodes, so each refusal below is the flip's
     for i in range(len(data)):
         for bit in (0, 7):
             flipped = bytearray(data)
             flipped[i] ^= 1 << bit
             with pytest.raises(IntegrityError):
                 decode_state(flipped)
-            caught += 1
-    assert caught == 2 * len(data)
 
 
 @pytest.mark.parametrize("cut", [0, 1, 15, 16, 40, -33, -1])
@@ -78,9 +76,9 @@ def test_decode_never_crashes_on_garbage(blob):
         decode_state(bytearray(blob))
 
 
-@given(st.binary(min_size=1, max_size=64), st.integers(min_value=0))
+@given(st.binary(min_size=1, max_size=64))
 @settings(max_examples=200, deadline=None)
-def test_header_fuzz_with_a_valid_checksum(header, where):
+def test_header_fuzz_with_a_valid_checksum(header):
     """A well-checksummed file whose header is arbitrary bytes is still refused cleanly."""
     import hashlib
 

@@ -1,0 +1,58 @@
+"""The `Backend` protocol: what the engine needs from a model runtime, and nothing more.
+
+`kvgraft_plugin.adapters.llama_cpp.LlamaBackend` is the implementation; a test can hand the engine any
+object of this shape (``GraftEngine(backend=...)``), as httpx's ``MockTransport`` stands in for the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["Backend"]
+
+
+class Backend(Protocol):
+    """One model and one context for a single sequence. Not thread-safe: only the engine's worker calls it."""
+
+    model_path: Path
+    arch: str
+    n_ctx: int
+    n_swa: int
+    """Sliding-window size (0: a dense model)."""
+    n_vocab: int
+    n_past: int
+    """Positions held in the cache."""
+
+    def meta(self, key: str) -> str:
+        """A GGUF metadata value as a string ("" when absent)."""
+
+    def device(self) -> str:
+        """Where the KV cache lives: "cpu" or "gpu"."""
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """Token ids of ``text``."""
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character)."""
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens."""
+
+    def reset(self) -> None:
+        """Empty the cache."""
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` after the current position; the logits after the last one."""
+
+    def capture_state(self) -> bytearray:
+        """The sequence's whole KV state."""
+
+    def restore_state(self, payload: bytearray | memoryview, n_tokens: int) -> None:
+        """Clear the cache and load ``payload`` holding ``n_tokens`` positions."""
+
+    def close(self) -> None:
+        """Free the model and the context."""

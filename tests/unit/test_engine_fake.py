@@ -1,0 +1,191 @@
+"""The engine's plan and decode loop over a scripted fake backend: stop strings, held-back text, UTF-8,
+cancel, budgets and the routes a request can take without a library. The real-model tests cover the same
+paths end to end; these pin the logic in milliseconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvgraft_plugin import (
+    ConfigError,
+    ContextOverflowError,
+    EngineClosedError,
+    GraftEngine,
+    LibraryError,
+    NoMatchError,
+)
+
+EOG, BOS = 256, 257
+
+
+class ScriptedBackend:
+    """Bytes are tokens; after a prompt the "model" says ``script`` one byte per step, then an EOG token."""
+
+    arch = "fake"
+    n_swa = 0
+    n_vocab = 258
+
+    def __init__(self, model_path: Path, script: bytes, n_ctx: int = 4096) -> None:
+        self.model_path, self.script, self.n_ctx = model_path, script, n_ctx
+        self.n_past, self.cursor = 0, 0
+        self.calls: list[tuple[str, int]] = []
+        self.threads: set[str] = set()
+        self.closed = False
+        self.step_seconds = 0.0
+        """How long a one-token step takes (a real model: ~16 ms)."""
+
+    def meta(self, key: str) -> str:
+        return ""
+
+    def device(self) -> str:
+        return "cpu"
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        return [BOS] * add_bos + list(text.encode())
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b""
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        assert not self.closed, "a closed backend was called"
+        self.threads.add(threading.current_thread().name)
+        self.calls.append(("prefill", len(tokens)))
+        self.n_past += len(tokens)
+        self.cursor = 0 if len(tokens) > 1 else self.cursor + 1
+        time.sleep(self.step_seconds)
+        logits = np.zeros(self.n_vocab, dtype=np.float32)
+        logits[self.script[self.cursor] if self.cursor < len(self.script) else EOG] = 1.0
+        return logits
+
+    def capture_state(self) -> bytearray:
+        return bytearray(self.n_past.to_bytes(4, "little"))
+
+    def restore_state(self, payload: bytearray | memoryview, n_tokens: int) -> None:
+        self.n_past = n_tokens
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def make(tmp_path):
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"not a model")
+    engines: list[GraftEngine] = []
+
+    def build(script: str | bytes, **settings) -> tuple[GraftEngine, ScriptedBackend]:
+        n_ctx = settings.pop("n_ctx", 4096)
+        backend = ScriptedBackend(model, script.encode() if isinstance(script, str) else script, n_ctx)
+        engine = GraftEngine(None, backend=backend, n_threads=1, **settings)
+        engines.append(engine)
+        return engine, backend
+
+    yield build
+    for engine in engines:
+        engine.close()
+
+
+def test_stops_at_the_stop_string_and_counts_its_tokens(make):
+    engine, _ = make("391\nmore text")
+    result = engine.ask("q", stop=["\n"])
+    assert (result.text, result.finish_reason, result.decode_tokens) == ("391", "stop", 4)
+
+
+def test_leading_whitespace_is_dropped_and_never_stops(make):
+    engine, _ = make("\n  42\nrest")
+    assert engine.ask("q", stop=["\n"]).text == "42"
+
+
+def test_text_that_may_start_a_stop_string_is_held_back(make):
+    engine, _ = make("abcENxENDxyz")
+    chunks = [c.text for c in engine.stream("q", stop=["END"])]
+    assert "".join(chunks) == "abcENx"
+    assert all(not c.endswith(("E", "EN")) for c in chunks if c)  # "EN" came out only once "x" decided it
+
+
+def test_held_back_text_is_released_when_the_budget_ends(make):
+    engine, _ = make("abcEN")
+    result = engine.ask("q", stop=["END"], max_tokens=5)
+    assert (result.text, result.finish_reason) == ("abcEN", "length")
+
+
+def test_end_of_generation_token(make):
+    engine, _ = make("hi")
+    result = engine.ask("q", stop=[])
+    assert (result.text, result.finish_reason, result.decode_tokens) == ("hi", "eog", 3)
+
+
+def test_a_character_split_across_tokens_is_decoded_whole(make):
+    engine, _ = make("é→!")
+    chunks = [c.text for c in engine.stream("q", stop=[])]
+    assert "".join(chunks) == "é→!" and "\ufffd" not in "".join(chunks)
+
+
+def test_an_abandoned_stream_stops_decoding(make):
+    engine, backend = make("x" * 500)
+    backend.step_seconds = 0.005  # the consumer drops the stream well within a few steps
+    stream = engine.stream("q", stop=[], max_tokens=500)
+    next(stream)
+    stream.close()
+    engine.ask("q", stop=[], max_tokens=1)  # queued behind the abandoned one
+    steps = [n for kind, n in backend.calls if kind == "prefill"]
+    assert len(steps) < 50, f"{len(steps)} prefill calls: the abandoned request was not cancelled"
+
+
+def test_decoding_stops_at_the_end_of_the_context(make):
+    engine, backend = make("y" * 300, n_ctx=200)
+    result = engine.ask("q", stop=[], max_tokens=150)
+    assert result.finish_reason == "length" and backend.n_past == backend.n_ctx
+
+
+def test_a_query_longer_than_the_context_is_refused(make):
+    engine, _ = make("a", n_ctx=64)
+    with pytest.raises(ContextOverflowError):
+        engine.ask("x" * 100)
+
+
+def test_routes_without_a_library(make):
+    engine, _ = make("ok")
+    assert engine.ask("q", mode="plain").fallback_reason is None
+    auto = engine.ask("q")
+    assert auto.route == "plain" and auto.fallback_reason == "no-match: no library is loaded"
+    with pytest.raises(LibraryError, match="no library"):
+        engine.ask("q", mode="graft")
+    with pytest.raises(NoMatchError):
+        engine.ask("q", routing={"fallback": "raise"})
+    with pytest.raises(ConfigError, match="per-request"):
+        engine.ask("q", routing={"n_ctx": 8})
+    with pytest.raises(ConfigError, match="threshold"):
+        engine.ask("q", routing={"threshold": 2.0})
+
+
+def test_the_backend_is_only_called_on_the_worker_thread(make):
+    engine, backend = make("ok")
+    engine.ask("q")
+    assert engine.tokenize("ab") == [97, 98]
+    assert engine.capture([1, 2, 3], probe=[4, 5]).max_diff == 0.0
+    assert engine.run_exclusive(lambda b: threading.current_thread().name).startswith("kvgraft")
+    assert backend.n_past == 0  # tool calls leave an empty cache behind
+    assert {name.split("_")[0] for name in backend.threads} == {"kvgraft"}
+
+
+def test_a_closed_engine_refuses_every_call(make):
+    engine, backend = make("ok")
+    engine.close()
+    engine.close()  # closing twice is harmless
+    assert backend.closed
+    for call in (lambda: engine.ask("q"), lambda: engine.search("q"), lambda: engine.tokenize("q")):
+        with pytest.raises(EngineClosedError):
+            call()
