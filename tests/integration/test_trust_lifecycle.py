@@ -73,3 +73,35 @@ def test_a_failed_constructor_leaks_no_worker(small_library, gemma_path, monkeyp
         GraftEngine(small_library, model_path=str(gemma_path), n_threads=2)
     after = {t for t in threading.enumerate() if t.name.startswith("kvgraft") and t.is_alive()}
     assert after <= before
+
+
+def test_tools_call_the_backend_on_the_worker_thread_only(example_entries, gemma_path, tmp_path):
+    """build, verify, calibrate and doctor go through the engine's public API, which runs on its worker."""
+    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin._calibrate import calibrate
+    from kvgraft_plugin._doctor import run_doctor
+    from kvgraft_plugin._verify import verify_library
+
+    entries = [e for e in example_entries if e.id in ("mul-17x23", "gcd-84-126")]
+    threads: set[str] = set()
+
+    def record(engine: GraftEngine) -> None:
+        backend = engine.backend
+        for name in ("tokenize", "prefill", "capture_state", "restore_state", "reset"):
+            method = getattr(backend, name)
+
+            def wrapped(*args, _method=method, **kwargs):
+                threads.add(threading.current_thread().name)
+                return _method(*args, **kwargs)
+
+            setattr(backend, name, wrapped)
+
+    with GraftEngine(None, model_path=str(gemma_path), n_threads=2) as engine:
+        record(engine)
+        build_library(tmp_path / "lib", entries, engine=engine)
+        run_doctor(engine, threads=(), larger_ctx=False)
+    with GraftEngine(tmp_path / "lib", model_path=str(gemma_path), n_threads=2) as engine:
+        record(engine)
+        assert all(row.ok for row in verify_library(engine, fidelity=True))
+        calibrate(engine, [{"question": QUESTION, "expect_entry": "mul-17x23"}])
+    assert threads and all(name.startswith("kvgraft") for name in threads), threads
