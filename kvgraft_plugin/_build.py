@@ -40,6 +40,8 @@ class BuildReport:
     removed: list[str] = field(default_factory=list)
     invalid: dict[str, list[str]] = field(default_factory=dict)
     inexact: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    """Entries with nothing to check their solution against (no ``answer``): built, but not verified."""
 
 
 def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearray, float]:
@@ -86,6 +88,13 @@ def build_library(
     if report.invalid and not skip_invalid:
         lines = [f"  {k}: {'; '.join(v)}" for k, v in report.invalid.items()]
         raise SourceError(f"{len(report.invalid)} entries failed verification:\n" + "\n".join(lines))
+    report.unverified = [e.id for e in source if e.answer is None and e.id not in report.invalid]
+    if report.unverified:
+        logger.warning(
+            "%d entries have no answer to verify their solution: %s",
+            len(report.unverified),
+            ", ".join(report.unverified[:5]) + (" ..." if len(report.unverified) > 5 else ""),
+        )
     for entry_id, problems in report.invalid.items():
         logger.warning("skipping invalid entry %s: %s", entry_id, "; ".join(problems))
     wanted = [e for e in source if e.id not in report.invalid]
@@ -97,6 +106,7 @@ def build_library(
         if library.fingerprint and library.fingerprint != fingerprint and library.entries:
             logger.warning("configuration or model changed: every entry of %s is rebuilt", path)
         library.fingerprint = fingerprint
+        library.answer_format = engine.answer_format
         library.model = _model_record(engine)
         (path / "states").mkdir(parents=True, exist_ok=True)
         for stale in [*path.glob(".*.tmp"), *(path / "states").glob(".*.tmp")]:

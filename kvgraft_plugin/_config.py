@@ -129,8 +129,12 @@ class EngineConfig:
     """Decode budget per answer."""
     temperature: float = 0.0
     """0 decodes greedily; above 0 samples from the softmax at this temperature (seeded)."""
-    stop: tuple[str, ...] = ("\n",)
-    """Stop strings; the text ends before the first one. Leading whitespace never stops it."""
+    stop: tuple[str, ...] | None = None
+    """Stop strings; the text ends before the first one. ``None``: the answer format's (the newline for
+    ``answer``, the end-of-solution marker for ``solution``). Leading whitespace never stops an answer."""
+    answer_format: Literal["answer", "solution"] | None = None
+    """How entries and queries are rendered (see `kvgraft_plugin._template`). ``None``: the library's,
+    else ``answer``. Part of the state fingerprint."""
     cache_bytes: int = 1 << 30
     """Byte budget of the in-process LRU of verified state bytes."""
     fallback: FallbackPolicy = "auto"
@@ -152,6 +156,8 @@ class EngineConfig:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         if self.fallback not in ("auto", "raise"):
             raise ConfigError(f"fallback must be 'auto' or 'raise', got {self.fallback!r}")
+        if self.answer_format not in (None, "answer", "solution"):
+            raise ConfigError(f"answer_format must be 'answer' or 'solution', got {self.answer_format!r}")
         if isinstance(self.stop, (str, list)):
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
 

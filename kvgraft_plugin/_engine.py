@@ -48,7 +48,7 @@ from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_
 from ._models import bundled_model_path, file_sha256
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
 from ._state import FORMAT_VERSION, SavedState
-from ._template import TEMPLATE_VERSION, Entry, render_entry, render_preamble, render_query
+from ._template import AnswerFormat, Entry, default_stop, render_entry, render_preamble, render_query, template_id
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
 
 __all__ = ["Capture", "GraftChunk", "GraftEngine", "GraftResult"]
@@ -168,6 +168,10 @@ class GraftEngine:
         self.backend: Backend = backend or LlamaBackend(self._resolve_model_path(), self.config.llama)
         """The runtime. Call it only on the worker thread: from tools, through `run_exclusive`."""
         model_path = self.backend.model_path
+        self.answer_format: AnswerFormat = self.config.answer_format or (
+            self.library.answer_format if self.library is not None else "answer"
+        )
+        """How entries and queries are rendered: the config's, else the library's."""
         self._closed = False
         self._worker_thread: threading.Thread | None = None
         self._worker = ThreadPoolExecutor(
@@ -216,7 +220,7 @@ class GraftEngine:
         llama = self.config.llama
         return {
             "format": FORMAT_VERSION,
-            "template": TEMPLATE_VERSION,
+            "template": template_id(self.answer_format),
             "gguf_sha256": self.model_sha256,
             "llama_cpp_python": llama_cpp_version(),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
@@ -339,11 +343,11 @@ class GraftEngine:
     def prefix_tokens(self, record_or_entry: Any) -> list[int]:
         """Token ids of the graft prefix (preamble + entry) for an entry."""
         entry = getattr(record_or_entry, "entry", record_or_entry)
-        return self.tokenize(render_preamble() + render_entry(entry), add_bos=True)
+        return self.tokenize(render_preamble() + render_entry(entry, self.answer_format), add_bos=True)
 
     def probe_tokens(self, entry: Entry) -> list[int]:
         """The query suffix that asks ``entry``'s own problem: the probe of every restore check."""
-        return self.tokenize(render_query(entry.problem, same_as=entry))
+        return self.tokenize(render_query(entry.problem, same_as=entry, fmt=self.answer_format))
 
     def capture(self, tokens: Sequence[int], *, probe: Sequence[int] | None = None) -> Capture:
         """Prefill ``tokens`` from an empty cache and save the sequence's state.
@@ -455,7 +459,7 @@ class GraftEngine:
         settings = {
             "max_tokens": budget,
             "temperature": self.config.temperature if temperature is None else temperature,
-            "stop": tuple(s for s in (self.config.stop if stop is None else stop) if s),
+            "stop": tuple(s for s in (self._default_stop() if stop is None else stop) if s),
             "seed": self.config.llama.seed if seed is None else seed,
         }
         chunks: queue.SimpleQueue[GraftChunk | BaseException | None] = queue.SimpleQueue()
@@ -480,6 +484,9 @@ class GraftEngine:
             cancel.set()
 
     # -- the data path ----------------------------------------------------------------------------------
+
+    def _default_stop(self) -> tuple[str, ...]:
+        return self.config.stop if self.config.stop is not None else default_stop(self.answer_format)
 
     def _request_config(self, routing: Mapping[str, Any] | None) -> EngineConfig:
         if not routing:
@@ -507,7 +514,8 @@ class GraftEngine:
         phases: dict[str, float] = {}
 
         def suffix(entry: Entry | None) -> list[int]:
-            return self.tokenize(render_query(question, system=system, history=history, same_as=entry))
+            text = render_query(question, system=system, history=history, same_as=entry, fmt=self.answer_format)
+            return self.tokenize(text)
 
         plan = self._plan(question, config, suffix, mode, entry_id, settings["max_tokens"], phases)
         try:
@@ -684,8 +692,8 @@ class GraftEngine:
                 finish = "eog"
                 break
             text += decoder.decode(backend.token_bytes(token))
-            # leading whitespace is dropped, and a stop string only counts once there is text
-            final = text.lstrip()
+            # a stop string only counts in the text proper (after an answer's leading whitespace)
+            final = _trim_start(text, self.answer_format)
             cut = min((i for s in stop if (i := final.find(s)) >= 0), default=-1)
             if cut >= 0:
                 final, finish = final[:cut], "stop"
@@ -698,7 +706,7 @@ class GraftEngine:
             if n_decoded < max_tokens:
                 logits = backend.prefill([token])
         if finish != "stop":
-            final = (text + decoder.decode(b"", final=True)).lstrip()
+            final = _trim_start(text + decoder.decode(b"", final=True), self.answer_format)
             if len(final) > emitted:
                 yield GraftChunk(final[emitted:])
         end = time.perf_counter()
@@ -830,6 +838,14 @@ def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) ->
     p = np.exp(z - z.max())
     p /= p.sum()
     return int(rng.choice(len(p), p=p))
+
+
+def _trim_start(text: str, fmt: AnswerFormat) -> str:
+    """An answer drops its leading whitespace; a solution drops only the newline after ``Solution:`` and
+    keeps its first line's indentation."""
+    if fmt == "answer":
+        return text.lstrip()
+    return text[1:] if text.startswith("\n") else text
 
 
 def _held_back(text: str, stop: tuple[str, ...]) -> int:

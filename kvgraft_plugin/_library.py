@@ -38,7 +38,7 @@ from ._exceptions import (
     SourceError,
 )
 from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
-from ._template import Entry
+from ._template import FORMATS, AnswerFormat, Entry
 
 __all__ = ["BaseStateCache", "EntryRecord", "Library", "RamStateCache", "load_key", "read_source"]
 
@@ -197,9 +197,31 @@ def _routing(data: Mapping[str, Any]) -> dict[str, Any]:
     return dict(routing)
 
 
+def _answer_format(value: Any) -> AnswerFormat:
+    if value not in FORMATS:
+        raise ValueError(f"answer_format must be one of {', '.join(FORMATS)}, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
 # -- source files -------------------------------------------------------------------------------------
 
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Ids are any visible text up to this many characters ("HumanEval/0", "tâche 3: somme"); state files
+#: are named by a hash of the id, so an id never names a path.
+MAX_ID_CHARS = 256
+
+
+def check_id(entry_id: Any) -> str:
+    """An entry id: a string of 1 to `MAX_ID_CHARS` characters, not only whitespace, valid UTF-8, without
+    control characters (a newline or an escape sequence in an id would forge lines in logs and tables)."""
+    if not isinstance(entry_id, str) or not visible(entry_id) or len(entry_id) > MAX_ID_CHARS:
+        raise ValueError(f"'id' must be a non-empty string of at most {MAX_ID_CHARS} characters, got {entry_id!r}")
+    if any(unicodedata.category(c) == "Cc" for c in entry_id):
+        raise ValueError(f"'id' must not contain control characters, got {entry_id!r}")
+    try:
+        entry_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"'id' is not valid UTF-8: {entry_id!r}") from exc
+    return entry_id
 
 
 def parse_entry(obj: Any) -> Entry:
@@ -209,9 +231,7 @@ def parse_entry(obj: Any) -> Entry:
     unknown = set(obj) - {"id", "problem", "solution", "answer", "tags"}
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
-    entry_id = obj.get("id")
-    if not isinstance(entry_id, str) or not _ID_RE.fullmatch(entry_id):
-        raise ValueError(f"'id' must match {_ID_RE.pattern}, got {entry_id!r}")
+    entry_id = check_id(obj.get("id"))
     for name in ("problem", "solution"):
         check_text(obj.get(name), name)
     answer = obj.get("answer")
@@ -354,6 +374,8 @@ class Library:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     embedder: dict[str, Any] = field(default_factory=dict)
     index: dict[str, Any] = field(default_factory=dict)
+    answer_format: AnswerFormat = "answer"
+    """How its entries are rendered (`kvgraft_plugin._template`): ``answer`` or ``solution``."""
     routing: dict[str, Any] = field(default_factory=dict)
     """``{"threshold", "margin", "source"}``: source is ``"geometry"`` (derived by build from the entries'
     embeddings), ``"calibrated"`` (``kvgraft calibrate``) or ``"user"`` (``build --threshold``)."""
@@ -399,6 +421,7 @@ class Library:
                 embedder=dict(data.get("embedder", {})),
                 index=_index_record(data.get("index", {})),
                 routing=_routing(data),
+                answer_format=_answer_format(data.get("answer_format", "answer")),
                 entries=entries,
                 trusted=trusted,
                 untrusted_reason=reason,
@@ -420,6 +443,7 @@ class Library:
             "embedder": self.embedder,
             "index": self.index,
             "routing": self.routing,
+            "answer_format": self.answer_format,
             "entries": {k: self.entries[k].to_json() for k in sorted(self.entries)},
         }
 

@@ -83,6 +83,17 @@ def routing_options(func: F) -> F:
     return func
 
 
+def stop_option(func: F) -> F:
+    """``--stop`` (repeatable): stop strings that override the library's answer format's default."""
+    return click.option(  # type: ignore[no-any-return]
+        "--stop",
+        multiple=True,
+        callback=lambda ctx, param, value: tuple(value) or None,
+        help="Stop string, repeatable (default: the format's: newline for answer, the end marker for solution). "
+        "In bash, $'\\n' is a newline.",
+    )(func)
+
+
 def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
     """An `EngineConfig` from CLI options (``None`` means "default")."""
     return EngineConfig().with_settings(**options, **engine)
@@ -132,6 +143,15 @@ def main(verbose: int) -> None:
 @click.option("--index", "index_kind", type=click.Choice(["flat", "hnsw"]), help="faiss index type (default flat).")
 @click.option("--embedder", help="sentence-transformers model name or path (default: bundled MiniLM).")
 @click.option("--threshold", type=float, help="Routing threshold stored in the library.")
+@click.option(
+    "--format",
+    "answer_format",
+    type=click.Choice(["answer", "solution", "auto"]),
+    default="auto",
+    show_default=True,
+    help="answer: one answer line, stop at the newline; solution: the whole solution verbatim (code, "
+    "derivations), stop at the end marker; auto: answer when every entry has an answer.",
+)
 @llama_options
 def build(
     source: str,
@@ -143,6 +163,7 @@ def build(
     index_kind: str | None,
     embedder: str | None,
     threshold: float | None,
+    answer_format: str,
     **options: Any,
 ) -> None:
     """Build (or update) a library from SOURCE.jsonl: KV states, manifest and index."""
@@ -160,7 +181,9 @@ def build(
         stored = existing.embedder.get("name") or ""
         if embedder is None and stored and not stored.startswith("bundled:"):
             embedder = stored
-    config = make_config(options, embedder=embedder)
+    if answer_format == "auto":
+        answer_format = "answer" if all(e.answer is not None for e in entries) else "solution"
+    config = make_config(options, embedder=embedder, answer_format=answer_format)
     with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
         report = build_library(
             library,
@@ -175,8 +198,10 @@ def build(
         )
     click.echo(
         f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
-        f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library}"
+        f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library} ({answer_format} format)"
     )
+    if report.unverified:
+        click.echo(f"warning: {len(report.unverified)} entries have no answer and were not verified", err=True)
 
 
 def _read_queries(path: str) -> list[dict[str, Any]]:
@@ -211,6 +236,7 @@ def _read_queries(path: str) -> list[dict[str, Any]]:
 @click.option("--max-tokens", type=int, help="Decode budget (default 64).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per answer.")
 @routing_options
+@stop_option
 @llama_options
 def ask(
     question: str | None,
@@ -338,6 +364,7 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
 @click.option("--max-tokens", type=int, help="Decode budget per answer (default 64; it caps plain's token count).")
 @click.option("--checker", help="module:function taking (question: dict, text: str) -> bool.")
 @routing_options
+@stop_option
 @llama_options
 def bench(
     library: str, queries: str, modes: str, out: str, max_tokens: int | None, checker: str | None, **options: Any
@@ -488,6 +515,7 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
 @click.option("--checker", help="module:function taking (question: dict, text: str) -> bool.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Library source JSONL to write.")
 @click.option("--max-tokens", type=int, help="Decode budget per attempt.")
+@stop_option
 @llama_options
 def curate(
     problems: str,

@@ -143,7 +143,7 @@ def test_unreadable_state_falls_back_to_text_rag(lib, gemma_path):
         ),
         (lambda t: t.write_text('{"id": "a", "problem": "\\u200b\\u200b", "solution": "x"}\n'), "visible"),
         (lambda t: t.write_text('{"id": "a", "id": "b", "problem": "p", "solution": "x"}\n'), "duplicate key"),
-        (lambda t: t.write_text('{"id": "a\\n", "problem": "p", "solution": "x"}\n'), "'id' must match"),
+        (lambda t: t.write_text('{"id": "a\\n", "problem": "p", "solution": "x"}\n'), "control characters"),
     ],
 )
 def test_bad_sources_are_refused_cleanly_before_anything_is_written(tmp_path, make, message):

@@ -6,7 +6,7 @@ from kvgraft_plugin import ConfigError, EngineConfig, LlamaConfig
 def test_defaults_are_valid():
     config = EngineConfig()
     assert config.llama.flash_attn is False and config.llama.type_k == "f16"
-    assert config.threshold is None and config.stop == ("\n",)
+    assert config.threshold is None and config.stop is None
 
 
 @pytest.mark.parametrize(

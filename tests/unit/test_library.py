@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -29,7 +30,7 @@ def test_read_source(tmp_path):
             "duplicate id 'a'",
         ),
         (['{"id": "a", "problem": "  ", "solution": "s"}'], "problem"),
-        (['{"id": "a/b", "problem": "p", "solution": "s"}'], "id"),
+        (['{"id": " ", "problem": "p", "solution": "s"}'], "id"),
         (['{"id": "a", "problem": "p", "solution": "s", "extra": 1}'], "unknown"),
         ([b'{"id": "a", "problem": "\xff", "solution": "s"}'], "UTF-8"),
         (["[1, 2]"], "object"),
@@ -121,3 +122,20 @@ def test_lru_respects_its_byte_budget():
     assert cache.get("huge") is None
     cache.discard("b")
     assert cache.get("b") is None and cache.cache_size == 2 * _state(100).nbytes
+
+
+@pytest.mark.parametrize("entry_id", ["Suite/0", "a b: c", "tâche 1: somme", "x" * 256, "../../etc/passwd", "日本"])
+def test_any_visible_id_up_to_256_characters_is_accepted(entry_id):
+    from kvgraft_plugin._library import parse_entry, state_file_name
+
+    entry = parse_entry({"id": entry_id, "problem": "p", "solution": "s"})
+    assert entry.id == entry_id
+    assert re.fullmatch(r"states/[0-9a-f]{32}\.kvg", state_file_name(entry_id))  # never a path from the id
+
+
+@pytest.mark.parametrize("entry_id", ["", "   ", "x" * 257, 7, None, "\ud800", "a\nb", "a\x1b[2J"])
+def test_empty_long_or_non_text_ids_are_refused(entry_id):
+    from kvgraft_plugin._library import parse_entry
+
+    with pytest.raises(ValueError, match="'id'"):
+        parse_entry({"id": entry_id, "problem": "p", "solution": "s"})
