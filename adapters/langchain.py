@@ -21,6 +21,7 @@ packages refuse what they cannot send.
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -69,11 +70,17 @@ _PoolKey = tuple[str, EngineConfig]
 
 
 class _EnginePool:
-    """One engine per (library, engine settings) in this process, closed when its last user releases it."""
+    """One engine per (library, engine settings) in this process, closed when its last user releases it.
+
+    Garbage collection releases through `release_later`: a finalizer may run inside any allocation, even
+    one made while this pool's lock is held on the same thread, so it only queues the key, and a short
+    thread takes the lock and releases it.
+    """
 
     def __init__(self) -> None:
         self._engines: dict[_PoolKey, tuple[GraftEngine, int]] = {}
         self._lock = threading.Lock()
+        self._pending: collections.deque[_PoolKey] = collections.deque()
 
     def acquire(self, library: str | None, config: EngineConfig) -> tuple[_PoolKey, GraftEngine]:
         key = (str(Path(library).resolve()) if library else "", config)
@@ -92,6 +99,21 @@ class _EnginePool:
                 return
             del self._engines[key]
         engine.close()
+
+    def release_later(self, key: _PoolKey) -> None:
+        self._pending.append(key)
+        try:
+            threading.Thread(target=self._drain, name="kvgraft-release", daemon=True).start()
+        except RuntimeError:  # the interpreter is exiting: the process frees everything
+            pass
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                key = self._pending.popleft()
+            except IndexError:
+                return
+            self.release(key)
 
     def __len__(self) -> int:
         return len(self._engines)
@@ -174,15 +196,17 @@ class _KVGraftMixin(BaseModel):
         if self._engine is None:
             config = EngineConfig().with_settings(**{k: getattr(self, k) for k in _ENGINE_SETTINGS})
             key, self._engine = _POOL.acquire(self.library, config)
-            self._release = weakref.finalize(self, _POOL.release, key)
+            self._release = weakref.finalize(self, _POOL.release_later, key)
         return self._engine
 
     def release(self) -> None:
         """Stop using the pooled engine; it is closed when no other instance uses it. A later call loads
         (or shares) one again. Does nothing for an engine passed in with ``engine=``."""
-        if self._release is not None:
-            self._release()
-            self._engine, self._release = None, None
+        detached = self._release.detach() if self._release is not None else None
+        if detached is not None:
+            _, _, (key,), _ = detached
+            _POOL.release(key)
+        self._engine, self._release = None, None
 
     def _routing(self, **kwargs: Any) -> dict[str, Any]:
         values = {k: kwargs.get(k, getattr(self, k)) for k in _ROUTING_SETTINGS}

@@ -98,10 +98,14 @@ def test_last_user_releases_the_engine(small_library, gemma_path):
     assert second._get_engine() is engine
     first.release()
     assert engine.ask("What is 17 times 23?").route == "graft"  # still used by the second instance
-    del second  # garbage collection releases it too
+    del second  # garbage collection releases it too, from a short thread
     import gc
+    import time
 
     gc.collect()
+    deadline = time.monotonic() + 30
+    while not engine._closed and time.monotonic() < deadline:
+        time.sleep(0.05)
     with pytest.raises(EngineClosedError):
         engine.ask("What is 17 times 23?")
     again = ChatKVGraft(library=str(small_library), model_path=str(gemma_path), n_threads=1)
