@@ -41,7 +41,7 @@ class BuildReport:
     invalid: dict[str, list[str]] = field(default_factory=dict)
     inexact: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
-    """Entries with nothing to check their solution against (no ``answer``): built, but not verified."""
+    """Entries with nothing to check their solution against (no ``answer``, no ``tests``): built, unverified."""
 
 
 def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearray, float]:
@@ -88,10 +88,10 @@ def build_library(
     if report.invalid and not skip_invalid:
         lines = [f"  {k}: {'; '.join(v)}" for k, v in report.invalid.items()]
         raise SourceError(f"{len(report.invalid)} entries failed verification:\n" + "\n".join(lines))
-    report.unverified = [e.id for e in source if e.answer is None and e.id not in report.invalid]
+    report.unverified = [e.id for e in source if e.answer is None and e.tests is None and e.id not in report.invalid]
     if report.unverified:
         logger.warning(
-            "%d entries have no answer to verify their solution: %s",
+            "%d entries have neither an answer nor tests to verify their solution: %s",
             len(report.unverified),
             ", ".join(report.unverified[:5]) + (" ..." if len(report.unverified) > 5 else ""),
         )

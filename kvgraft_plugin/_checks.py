@@ -1,5 +1,9 @@
 """Answer extraction and checking, shared by `build` (entry verification), `bench` and `curate`.
 
+Code is checked by running tests: `run_tests` executes a program in a fresh interpreter (``python -I``)
+in a temporary directory with a time limit; `tests_checker` (``--checker tests``) runs the expected
+entry's tests against the produced code under the function name the query asks for.
+
 Extraction rule: the final answer is the text after the last ``Answer:`` if there is one, else the
 first line of the output. Normalisation lower-cases, drops surrounding spaces, a trailing period,
 ``$`` and thousands separators. Two answers match when their normalised forms are equal, or when both
@@ -9,13 +13,33 @@ parse as numbers and are equal (so ``"391"`` matches ``"391.0"``).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._config import import_callable
 from ._template import Entry
 
-__all__ = ["Checker", "default_check", "entry_problems", "extract_answer", "load_checker", "normalize_answer"]
+if TYPE_CHECKING:
+    from ._library import Library
+
+__all__ = [
+    "Checker",
+    "default_check",
+    "entry_problems",
+    "extract_answer",
+    "library_tests_checker",
+    "load_checker",
+    "normalize_answer",
+    "run_tests",
+    "tests_checker",
+]
+
+#: Seconds a test program may run.
+TEST_TIMEOUT = 10.0
+_DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 Checker = Callable[[Mapping[str, Any], str], bool]
 _NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?$")
@@ -53,18 +77,83 @@ def default_check(question: Mapping[str, Any], text: str) -> bool:
     return answers_match(extract_answer(text), str(question["answer"]))
 
 
-def load_checker(spec: str | None) -> Checker:
-    """``module:function`` to a checker, or the default one."""
+def load_checker(spec: str | None, library: Library | None = None) -> Checker:
+    """``module:function`` to a checker; ``"tests"`` for `library_tests_checker`; else the default one."""
     if not spec:
         return default_check
+    if spec == "tests":
+        return library_tests_checker(library)
     return import_callable(spec, "--checker")
 
 
-def entry_problems(entry: Entry) -> list[str]:
-    """Why an entry fails verification (empty when it passes or has no answer to check).
+def library_tests_checker(library: Library | None) -> Checker:
+    """``--checker tests``: a query's own ``tests``, else its expected entry's in ``library``, run against the
+    produced code."""
 
-    The stated answer must appear in the solution, as a whole word or number.
+    def tests_for(query: Mapping[str, Any]) -> tuple[str, str] | None:
+        if query.get("tests"):
+            return str(query["question"]), str(query["tests"])
+        if library is None or query.get("expect_entry") is None:
+            return None
+        entry = library.get(query["expect_entry"]).entry
+        return (entry.problem, entry.tests) if entry.tests else None
+
+    return tests_checker(tests_for)
+
+
+def run_tests(program: str, *, timeout: float = TEST_TIMEOUT) -> str | None:
+    """Run ``program`` in a fresh, isolated interpreter in a temporary directory: ``None`` when it exits
+    cleanly, else why not (the last line of its error, or the time limit)."""
+    with tempfile.TemporaryDirectory(prefix="kvgraft-tests-") as work:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", program], cwd=work, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return f"tests ran past {timeout:g} s"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def code_program(prompt: str, text: str, tests: str, *, tested_name: str | None) -> str:
+    """The program that tests ``text`` written for ``prompt``: a complete function as is, else the prompt
+    continued by ``text``; then ``tested_name = <asked name>`` when the tests call another name."""
+    complete = re.match(r"\s*(def|import|from|class|@)\b", text) is not None
+    code = text if complete else f"{prompt.rstrip()}\n{text}"
+    asked = _DEF.search(prompt)
+    alias = ""
+    if tested_name and asked and asked.group(1) != tested_name:
+        alias = f"\n{tested_name} = {asked.group(1)}\n"
+    return f"{code}\n{alias}\n{tests}\n"
+
+
+def tests_checker(tests_for: Callable[[Mapping[str, Any]], tuple[str, str] | None]) -> Checker:
+    """``--checker tests``: ``tests_for(query)`` gives (the entry's problem, its tests), or ``None`` (fail)."""
+
+    def check(query: Mapping[str, Any], text: str) -> bool:
+        found = tests_for(query)
+        if found is None:
+            return False
+        problem, tests = found
+        tested = _DEF.search(problem)
+        program = code_program(str(query["question"]), text, tests, tested_name=tested.group(1) if tested else None)
+        return run_tests(program) is None
+
+    return check
+
+
+def entry_problems(entry: Entry) -> list[str]:
+    """Why an entry fails verification (empty when it passes or has nothing to check).
+
+    The stated answer must appear in the solution, as a whole word or number; ``tests`` must pass when run
+    after the problem and its solution.
     """
+    if entry.tests is not None:
+        failure = run_tests(code_program(entry.problem, entry.solution, entry.tests, tested_name=None))
+        if failure is not None:
+            return [f"its tests fail: {failure}"]
     if entry.answer is None:
         return []
     answer = normalize_answer(entry.answer)

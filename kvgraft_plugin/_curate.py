@@ -35,7 +35,8 @@ class CurateReport:
 
 
 def read_problems(path: str | Path) -> list[dict[str, Any]]:
-    """``{"id", "problem", "answer"}`` per line; errors name the line."""
+    """``{"id", "problem", "answer"?, "tests"?}`` per line (an answer or tests to check against); errors name
+    the line."""
     rows = []
     for lineno, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
         if not line.strip():
@@ -46,9 +47,10 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
             raise SourceError(f"{path}:{lineno}: {exc}") from exc
         if not (
             isinstance(row, dict)
-            and all(isinstance(row.get(k), str) and row[k].strip() for k in ("id", "problem", "answer"))
+            and all(isinstance(row.get(k), str) and row[k].strip() for k in ("id", "problem"))
+            and any(isinstance(row.get(k), str) and row[k].strip() for k in ("answer", "tests"))
         ):
-            raise SourceError(f'{path}:{lineno}: expected {{"id", "problem", "answer"}} strings')
+            raise SourceError(f'{path}:{lineno}: expected {{"id", "problem"}} and an "answer" or "tests" string')
         rows.append(row)
     return rows
 
@@ -82,7 +84,8 @@ def curate(
                 if stop_at_first:
                     break
         if kept is not None:
-            entries.append(Entry(problem["id"], problem["problem"], kept, problem["answer"], ("curated",)))
+            answer, tests = problem.get("answer"), problem.get("tests")
+            entries.append(Entry(problem["id"], problem["problem"], kept, answer, ("curated",), tests))
             report.kept = True
         reports.append(report)
         if progress is not None:

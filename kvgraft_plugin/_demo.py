@@ -1,4 +1,4 @@
-"""``kvgraft demo``: build the example library once, then answer the example queries three ways."""
+"""``kvgraft demo``: build an example library once, then answer its queries three ways, side by side."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ._build import build_library
-from ._checks import default_check
+from ._checks import default_check, load_checker
 from ._config import EngineConfig
 from ._engine import GraftEngine, GraftResult
 from ._library import Library, read_source
+from ._template import auto_format
 
 __all__ = ["run_demo"]
 
@@ -20,29 +21,46 @@ MODES = ("auto", "text-rag", "plain")
 
 
 def run_demo(
-    library: str | Path, source: str | Path, queries: str | Path, *, config: EngineConfig, echo: Callable[[str], Any]
+    library: str | Path,
+    source: str | Path,
+    queries: str | Path,
+    *,
+    config: EngineConfig,
+    echo: Callable[[str], Any],
+    checker: str | None = None,
 ) -> dict[str, list[GraftResult]]:
-    """Build ``library`` from ``source`` if needed, answer ``queries`` in every mode, print tables."""
+    """Build ``library`` from ``source`` if needed (format ``auto``), answer ``queries`` in every mode, print
+    tables. ``checker`` as for ``kvgraft bench`` (``"tests"`` runs code against its tests)."""
     from tqdm import tqdm
 
     entries = read_source(source)
-    rows = [json.loads(line) for line in Path(queries).read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in Path(queries).read_text(encoding="utf-8").splitlines() if line.strip()]
+    config = config.replace(answer_format=auto_format(entries))
     with GraftEngine(None, config=config) as builder, tqdm(total=len(entries), desc="library", unit="entry") as bar:
         report = build_library(library, entries, engine=builder, progress=bar.update)
     echo(f"library {library}: {len(report.built)} built, {len(report.skipped)} reused, {len(report.inexact)} inexact\n")
 
     results: dict[str, list[GraftResult]] = {}
-    with GraftEngine(Library.open(library), config=config) as engine:
+    lib = Library.open(library)
+    check = load_checker(checker, lib) if checker else None
+
+    def correct(row: dict[str, Any], text: str) -> bool:
+        if check is not None:
+            return check(row, text)
+        return bool(row.get("answer")) and default_check(row, text)
+
+    with GraftEngine(lib, config=config) as engine:
         for mode in MODES:
             results[mode] = [engine.ask(row["question"], mode=mode) for row in tqdm(rows, desc=mode, unit="query")]
 
     echo(f"{'query':<44} {'route':<8} {'entry':<22} {'score':>5}  {'answer':<14} {'dec':>3} {'ttft ms':>7}")
     for row, r in zip(rows, results["auto"]):
         score = f"{r.score:.2f}" if r.score is not None else "-"
-        mark = "✓" if row.get("answer") and default_check(row, r.text) else " "
+        mark = "✓" if correct(row, r.text) else " "
+        question, text = " ".join(row["question"].split()), " ".join(r.text.split())  # code on one table line
         echo(
-            f"{row['question'][:44]:<44} {r.route:<8} {(r.entry_id or '-')[:22]:<22} {score:>5}  "
-            f"{mark}{r.text[:13]:<13} {r.decode_tokens:>3} {r.ttft_ms:>7.0f}"
+            f"{question[:44]:<44} {r.route:<8} {(r.entry_id or '-')[:22]:<22} {score:>5}  "
+            f"{mark}{text[:13]:<13} {r.decode_tokens:>3} {r.ttft_ms:>7.0f}"
         )
 
     echo(
@@ -50,9 +68,9 @@ def run_demo(
     )
     for mode in MODES:
         rs = results[mode]
-        correct = sum(1 for row, r in zip(rows, rs) if row.get("answer") and default_check(row, r.text))
+        right = sum(1 for row, r in zip(rows, rs) if correct(row, r.text))
         echo(
-            f"{mode:<9} {correct:>4}/{len(rs):<3} {sum(r.prefill_tokens for r in rs):>11} "
+            f"{mode:<9} {right:>4}/{len(rs):<3} {sum(r.prefill_tokens for r in rs):>11} "
             f"{sum(r.restored_tokens for r in rs):>12} {sum(r.decode_tokens for r in rs):>10} "
             f"{statistics.median(r.ttft_ms for r in rs):>14.0f}"
         )

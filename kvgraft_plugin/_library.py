@@ -225,10 +225,10 @@ def check_id(entry_id: Any) -> str:
 
 
 def parse_entry(obj: Any) -> Entry:
-    """Validate one source object ``{"id", "problem", "solution", "answer"?, "tags"?}``."""
+    """Validate one source object ``{"id", "problem", "solution", "answer"?, "tags"?, "tests"?}``."""
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
-    unknown = set(obj) - {"id", "problem", "solution", "answer", "tags"}
+    unknown = set(obj) - {"id", "problem", "solution", "answer", "tags", "tests"}
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
     entry_id = check_id(obj.get("id"))
@@ -242,7 +242,10 @@ def parse_entry(obj: Any) -> Entry:
         raise ValueError("'tags' must be a list of strings")
     for tag in tags:
         check_text(tag, "tags")
-    return Entry(entry_id, obj["problem"], obj["solution"], answer, tuple(tags))
+    tests = obj.get("tests")
+    if tests is not None:
+        check_text(tests, "tests")
+    return Entry(entry_id, obj["problem"], obj["solution"], answer, tuple(tags), tests)
 
 
 def read_source(path: str | Path) -> list[Entry]:

@@ -34,6 +34,7 @@ __all__ = [
     "TEMPLATE_VERSION",
     "AnswerFormat",
     "Entry",
+    "auto_format",
     "default_stop",
     "render_entry",
     "render_preamble",
@@ -62,6 +63,8 @@ class Entry:
     solution: str
     answer: str | None = None
     tags: tuple[str, ...] = ()
+    tests: str | None = None
+    """Python that must run cleanly after ``problem + solution`` (asserts); checked at build."""
 
     def to_json(self) -> dict[str, object]:
         """The entry as a source-format JSON object."""
@@ -70,7 +73,14 @@ class Entry:
             out["answer"] = self.answer
         if self.tags:
             out["tags"] = list(self.tags)
+        if self.tests is not None:
+            out["tests"] = self.tests
         return out
+
+
+def auto_format(entries: Sequence[Entry]) -> AnswerFormat:
+    """``answer`` when every entry has an answer, else ``solution`` (``build --format auto``)."""
+    return "answer" if all(e.answer is not None for e in entries) else "solution"
 
 
 def template_id(fmt: AnswerFormat = "answer") -> str:

@@ -172,6 +172,7 @@ def build(
     from ._build import build_library
     from ._engine import GraftEngine, remembered_model_path
     from ._library import Library, read_source
+    from ._template import auto_format
 
     entries = read_source(source)
     if (Path(library) / "manifest.json").is_file():  # a library remembers its model and embedder
@@ -181,8 +182,7 @@ def build(
         stored = existing.embedder.get("name") or ""
         if embedder is None and stored and not stored.startswith("bundled:"):
             embedder = stored
-    if answer_format == "auto":
-        answer_format = "answer" if all(e.answer is not None for e in entries) else "solution"
+    answer_format = auto_format(entries) if answer_format == "auto" else answer_format
     config = make_config(options, embedder=embedder, answer_format=answer_format)
     with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
         report = build_library(
@@ -201,7 +201,10 @@ def build(
         f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library} ({answer_format} format)"
     )
     if report.unverified:
-        click.echo(f"warning: {len(report.unverified)} entries have no answer and were not verified", err=True)
+        click.echo(
+            f"warning: {len(report.unverified)} entries have neither an answer nor tests and were not verified",
+            err=True,
+        )
 
 
 def _read_queries(path: str) -> list[dict[str, Any]]:
@@ -347,13 +350,23 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
     from ._demo import run_demo
     from ._models import default_cache_dir
 
-    source = source or str(examples_dir() / "library.jsonl")
-    queries = queries or str(examples_dir() / "queries.jsonl")
-    for path in (source, queries):
-        if not Path(path).is_file():
-            raise click.ClickException(f"{path} not found; pass --source and --queries")
-    library = library or str(default_cache_dir() / "demo-library")
-    run_demo(library, source, queries, config=make_config(options, max_tokens=max_tokens), echo=click.echo)
+    runs: list[tuple[str, str | None, str | None, str | None, int]]
+    if source or queries:  # one library of the user's
+        runs = [(library or str(default_cache_dir() / "demo-library"), source, queries, None, max_tokens)]
+    else:  # both example libraries: numeric answers, then code checked by running its tests
+        examples = examples_dir()
+        runs = [
+            (library or str(default_cache_dir() / "demo-library"), None, None, None, max_tokens),
+            (f"{library}-code" if library else str(default_cache_dir() / "demo-code-library"),
+             str(examples / "code" / "library.jsonl"), str(examples / "code" / "queries.jsonl"), "tests", 160),
+        ]  # fmt: skip
+    for lib, src, qs, checker, budget in runs:
+        src, qs = src or str(examples_dir() / "library.jsonl"), qs or str(examples_dir() / "queries.jsonl")
+        for path in (src, qs):
+            if not Path(path).is_file():
+                raise click.ClickException(f"{path} not found; pass --source and --queries")
+        click.echo(f"\n== {Path(src).parent.name}/{Path(src).name} ==")
+        run_demo(lib, src, qs, config=make_config(options, max_tokens=budget), echo=click.echo, checker=checker)
 
 
 @main.command()
@@ -362,7 +375,11 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
 @click.option("--modes", default="plain,text-rag,graft", show_default=True, help="Comma-separated modes.")
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--max-tokens", type=int, help="Decode budget per answer (default 64; it caps plain's token count).")
-@click.option("--checker", help="module:function taking (question: dict, text: str) -> bool.")
+@click.option(
+    "--checker",
+    help="'tests' (run the expected entry's tests, or the query's own `tests`, against the produced code), or "
+    "module:function taking (question: dict, text: str) -> bool.",
+)
 @routing_options
 @stop_option
 @llama_options
@@ -374,13 +391,14 @@ def bench(
 
     from ._bench import MODES, run_bench
     from ._checks import load_checker
+    from ._library import Library
 
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = set(chosen) - set(MODES)
     if unknown or not chosen:
         raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
     rows = _read_queries(queries)
-    check = load_checker(checker) if checker else None
+    check = load_checker(checker, Library.open(library)) if checker else None
     with _engine(library, options) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
         summary = run_bench(
             engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
@@ -512,7 +530,11 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
 @click.argument("problems", type=click.Path(exists=True, dir_okay=False))
 @click.option("--attempts", type=int, default=4, show_default=True)
 @click.option("--temperature", type=float, default=0.8, show_default=True)
-@click.option("--checker", help="module:function taking (question: dict, text: str) -> bool.")
+@click.option(
+    "--checker",
+    help="'tests' (each problem's own tests; the default when a problem has no answer) or module:function "
+    "taking (question: dict, text: str) -> bool.",
+)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Library source JSONL to write.")
 @click.option("--max-tokens", type=int, help="Decode budget per attempt.")
 @stop_option
@@ -536,8 +558,9 @@ def curate(
     if attempts < 1:
         raise click.UsageError("--attempts must be >= 1")
     rows = read_problems(problems)
+    code = any(not row.get("answer") for row in rows)  # checked by tests: solutions, not answer lines
     with (
-        _engine(None, options, max_tokens=max_tokens) as engine,
+        _engine(None, options, max_tokens=max_tokens, answer_format="solution" if code else "answer") as engine,
         tqdm(total=len(rows), desc="curate") as bar,
     ):
         reports = run_curate(
@@ -546,7 +569,7 @@ def curate(
             Path(out),
             attempts=attempts,
             temperature=temperature,
-            checker=load_checker(checker),
+            checker=load_checker(checker or ("tests" if code else None)),
             progress=bar.update,
         )
     click.echo(f"{'id':<24} {'attempts':>8} {'successes':>9} {'decode tok':>10} kept")

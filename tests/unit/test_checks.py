@@ -52,3 +52,23 @@ def test_load_checker():
 def test_a_positive_answer_is_not_found_in_a_negative_one():
     assert entry_problems(Entry("n", "What is -7 // 2?", "-7 // 2 = -4", "4"))
     assert entry_problems(Entry("n", "What is -7 // 2?", "-7 // 2 = -4", "-4")) == []
+
+
+def test_code_is_checked_by_running_its_tests():
+    from kvgraft_plugin._checks import code_program, run_tests, tests_checker
+    from kvgraft_plugin._template import Entry
+
+    prompt = 'def double(x):\n    """Twice x."""'
+    tests = "assert double(2) == 4"
+    assert run_tests(code_program(prompt, "    return 2 * x", tests, tested_name=None)) is None
+    assert "AssertionError" in run_tests(code_program(prompt, "    return x", tests, tested_name=None))
+    assert "past" in run_tests("while True: pass", timeout=0.5)
+    # a reworded query renames the function: the entry's tests still run, under the asked name
+    renamed = 'def twice(v):\n    """Return v doubled."""'
+    check = tests_checker(lambda query: (prompt, tests))
+    assert check({"question": renamed}, "    return v * 2")
+    assert check({"question": renamed}, "def twice(v):\n    return v + v")  # a complete function counts too
+    assert not check({"question": renamed}, "    return v")
+    assert not tests_checker(lambda query: None)({"question": renamed}, "    return v * 2")
+    entry = Entry("d", prompt, "    return x + 1", tests=tests)
+    assert entry_problems(entry) and "tests fail" in entry_problems(entry)[0]

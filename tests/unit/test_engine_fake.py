@@ -189,3 +189,26 @@ def test_a_closed_engine_refuses_every_call(make):
     for call in (lambda: engine.ask("q"), lambda: engine.search("q"), lambda: engine.tokenize("q")):
         with pytest.raises(EngineClosedError):
             call()
+
+
+def test_solution_format_keeps_indentation_and_stops_at_the_marker(make):
+    engine, _ = make("\n    return 2 * x\n[end of solution]\n\nProblem: more", answer_format="solution")
+    result = engine.ask("def double(x):")
+    assert (result.text, result.finish_reason) == ("    return 2 * x", "stop")
+
+
+def test_curate_keeps_code_that_passes_its_tests(make, tmp_path):
+    from kvgraft_plugin._checks import load_checker
+    from kvgraft_plugin._curate import curate
+    from kvgraft_plugin._library import read_source
+
+    engine, _ = make("\n    return 2 * x\n[end of solution]\n", answer_format="solution")
+    problems = [
+        {"id": "double", "problem": "def double(x):\n    '''Twice x.'''", "tests": "assert double(3) == 6"},
+        {"id": "triple", "problem": "def triple(x):\n    '''Three times x.'''", "tests": "assert triple(3) == 9"},
+    ]
+    out = tmp_path / "curated.jsonl"
+    reports = curate(engine, problems, out, attempts=2, temperature=0.0, checker=load_checker("tests"))
+    assert [(r.id, r.kept, r.attempts) for r in reports] == [("double", True, 1), ("triple", False, 2)]
+    (entry,) = read_source(out)
+    assert entry.solution == "    return 2 * x" and entry.tests == "assert double(3) == 6" and entry.answer is None
