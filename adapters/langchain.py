@@ -174,7 +174,7 @@ class _KVGraftMixin(BaseModel):
     max_tokens: int = 64
     """Decode budget."""
     stop: list[str] | None = None
-    """Stop strings (default: newline, since answers are one line)."""
+    """Stop strings (default: the library format's: the newline for answers, the end marker for solutions)."""
     timeout: float | None = None
     """Accepted for LangChain compatibility; a local model has no request timeout."""
     max_retries: int = 0

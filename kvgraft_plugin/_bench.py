@@ -310,7 +310,8 @@ def _plots(rows: list[dict[str, Any]], modes: list[str], out: Path) -> list[str]
     ax.set_xlabel("prompt tokens (restored + prefilled)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT against prefix length")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # no entry was used in a run of plain only
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out / "ttft_vs_prefix.png", dpi=120)
     files.append("ttft_vs_prefix.png")

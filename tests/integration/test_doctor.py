@@ -20,7 +20,7 @@ def doctor(*args):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "args"),
-    [("gemma_path", ["--threads", "4", "--no-larger-ctx"]), ("smol_path", ["--threads", "1", "--no-larger-ctx"])],
+    [("gemma_path", ["--threads", "1", "--no-larger-ctx"]), ("smol_path", ["--threads", "1", "--no-larger-ctx"])],
 )
 def test_doctor_passes_on_both_bundled_models(request, model, args):
     code, rows = doctor("--model", request.getfixturevalue(model), *args)
