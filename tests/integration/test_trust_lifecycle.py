@@ -76,10 +76,10 @@ def test_a_failed_constructor_leaks_no_worker(small_library, gemma_path, monkeyp
 
 
 def test_tools_call_the_backend_on_the_worker_thread_only(example_entries, gemma_path, tmp_path):
-    """build, verify, calibrate and doctor go through the engine's public API, which runs on its worker."""
+    """build, verify, calibrate and bench-graft go through the engine's public API, which runs on its worker."""
+    from kvgraft_plugin._bench_graft import exactness_sweep
     from kvgraft_plugin._build import build_library
     from kvgraft_plugin._calibrate import calibrate
-    from kvgraft_plugin._doctor import run_doctor
     from kvgraft_plugin._verify import verify_library
 
     entries = [e for e in example_entries if e.id in ("mul-17x23", "gcd-84-126")]
@@ -99,7 +99,7 @@ def test_tools_call_the_backend_on_the_worker_thread_only(example_entries, gemma
     with GraftEngine(None, model_path=str(gemma_path), n_threads=2) as engine:
         record(engine)
         build_library(tmp_path / "lib", entries, engine=engine)
-        run_doctor(engine, threads=(), larger_ctx=False)
+        assert all(case["exact"] for case in exactness_sweep(engine, n_cases=2, max_prefix=80))
     with GraftEngine(tmp_path / "lib", model_path=str(gemma_path), n_threads=2) as engine:
         record(engine)
         assert all(row.ok for row in verify_library(engine, fidelity=True))
