@@ -213,14 +213,11 @@ MAX_ID_CHARS = 256
 def check_id(entry_id: Any) -> str:
     """An entry id: a string of 1 to `MAX_ID_CHARS` characters, not only whitespace, valid UTF-8, without
     control characters (a newline or an escape sequence in an id would forge lines in logs and tables)."""
-    if not isinstance(entry_id, str) or not visible(entry_id) or len(entry_id) > MAX_ID_CHARS:
-        raise ValueError(f"'id' must be a non-empty string of at most {MAX_ID_CHARS} characters, got {entry_id!r}")
+    check_text(entry_id, "id")
+    if len(entry_id) > MAX_ID_CHARS:
+        raise ValueError(f"'id' must be at most {MAX_ID_CHARS} characters, got {len(entry_id)}")
     if any(unicodedata.category(c) == "Cc" for c in entry_id):
         raise ValueError(f"'id' must not contain control characters, got {entry_id!r}")
-    try:
-        entry_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"'id' is not valid UTF-8: {entry_id!r}") from exc
     return entry_id
 
 
