@@ -30,6 +30,7 @@ from .._fingerprint import chunk_sizes
 
 try:
     import llama_cpp
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 except ImportError as exc:  # pragma: no cover - llama-cpp-python is a core dependency
     raise ImportError("kvgraft needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36'") from exc
 
@@ -228,27 +229,52 @@ class LlamaBackend:
 
     # -- tokens -------------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        """Tokenize ``text``. Special-token syntax in the text is kept as plain text."""
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
+        """Tokenize ``text``. Special-token syntax in it is plain text unless ``special`` (template markup)."""
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, False)
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, special)
         if n < 0:
             capacity = -n
             buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, False)
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, special)
         if n < 0:
             raise BackendError(f"tokenization failed ({n})")
         return list(buf[:n])
 
+    def render_chat(self, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool, name: str | None) -> str:
+        """``(role, content)`` messages through a chat template: llama.cpp's built-in ``name``, or with
+        ``None`` the model's own (GGUF ``tokenizer.chat_template``, rendered with jinja2 as llama-cpp-python's
+        ``Jinja2ChatFormatter`` does). The BOS token is left to the tokenizer, as every other prompt's."""
+        if name is not None:
+            return _apply_builtin_template(name, messages, add_generation_prompt)
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        if not raw:
+            raise ConfigError(
+                f"{self.model_path.name} has no chat template in its GGUF metadata; name one of llama.cpp's "
+                "(--chat-template gemma, chatml, llama3, ...) or use --template text"
+            )
+        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        formatter = Jinja2ChatFormatter(
+            raw.decode(), eos_token=self._piece(eos, special=True).decode(errors="replace"), bos_token="",
+            add_generation_prompt=add_generation_prompt,
+        )  # fmt: skip
+        try:
+            return formatter(messages=[{"role": r, "content": c} for r, c in messages]).prompt
+        except Exception as exc:  # jinja2's errors and the template's raise_exception
+            raise ConfigError(f"the chat template of {self.model_path.name} failed: {exc}") from exc
+
     def token_bytes(self, token: int) -> bytes:
         """The UTF-8 bytes of one token (may be a partial character)."""
+        return self._piece(token, special=False)
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
     def is_eog(self, token: int) -> bool:
@@ -356,3 +382,25 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+
+def _apply_builtin_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:
+    """Render with one of llama.cpp's built-in chat templates (``llama_chat_apply_template``)."""
+    names = (ctypes.c_char_p * 256)()
+    known = {names[i].decode() for i in range(min(llama_cpp.llama_chat_builtin_templates(names, 256), 256))}
+    if name not in known:
+        raise ConfigError(f"{name!r} is not one of llama.cpp's chat templates: {', '.join(sorted(known))}")
+    encoded = [(role.encode(), content.encode()) for role, content in messages]
+    chat = (llama_cpp.llama_chat_message * max(len(encoded), 1))()
+    for slot, (role, content) in zip(chat, encoded):
+        slot.role, slot.content = role, content
+    size = 2 * sum(len(r) + len(c) for r, c in encoded) + 1024
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(encoded), add_generation_prompt, buf, size)
+        if n < 0:
+            raise ConfigError(f"llama.cpp's chat template {name!r} failed ({n})")
+        if n <= size:
+            return buf.raw[:n].decode()
+        size = n
+    raise BackendError(f"llama.cpp's chat template {name!r} kept growing")  # pragma: no cover

@@ -33,8 +33,11 @@ class Backend(Protocol):
     def device(self) -> str:
         """Where the KV cache lives: "cpu" or "gpu"."""
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        """Token ids of ``text``."""
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
+        """Token ids of ``text``; special-token syntax is parsed only with ``special`` (template markup)."""
+
+    def render_chat(self, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool, name: str | None) -> str:
+        """``(role, content)`` messages through the model's chat template, or llama.cpp's built-in ``name``."""
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes of one token (may be part of a UTF-8 character)."""

@@ -107,6 +107,8 @@ def build_library(
             logger.warning("configuration or model changed: every entry of %s is rebuilt", path)
         library.fingerprint = fingerprint
         library.answer_format = engine.answer_format
+        library.template = engine.template.kind
+        library.chat_template = getattr(engine.template, "chat_name", None)
         library.model = _model_record(engine)
         (path / "states").mkdir(parents=True, exist_ok=True)
         for stale in [*path.glob(".*.tmp"), *(path / "states").glob(".*.tmp")]:

@@ -135,6 +135,12 @@ class EngineConfig:
     answer_format: Literal["answer", "solution"] | None = None
     """How entries and queries are rendered (see `kvgraft_plugin._template`). ``None``: the library's,
     else ``answer``. Part of the state fingerprint."""
+    template: Literal["text", "chat"] | None = None
+    """``text`` (``Problem: … Answer:``, for base models) or ``chat`` (the model's chat template, for
+    instruct models). ``None``: the library's, else ``text``. Part of the state fingerprint."""
+    chat_template: str | None = None
+    """With ``template="chat"``: one of llama.cpp's built-in templates by name (``gemma``, ``chatml``, ...)
+    instead of the model's own. ``None``: the library's, else the model's."""
     cache_bytes: int = 1 << 30
     """Byte budget of the in-process LRU of verified state bytes."""
     fallback: FallbackPolicy = "auto"
@@ -158,6 +164,8 @@ class EngineConfig:
             raise ConfigError(f"fallback must be 'auto' or 'raise', got {self.fallback!r}")
         if self.answer_format not in (None, "answer", "solution"):
             raise ConfigError(f"answer_format must be 'answer' or 'solution', got {self.answer_format!r}")
+        if self.template not in (None, "text", "chat"):
+            raise ConfigError(f"template must be 'text' or 'chat', got {self.template!r}")
         if isinstance(self.stop, (str, list)):
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
 

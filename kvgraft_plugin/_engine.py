@@ -48,7 +48,7 @@ from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_
 from ._models import bundled_model_path, file_sha256
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
 from ._state import FORMAT_VERSION, SavedState
-from ._template import AnswerFormat, Entry, default_stop, render_entry, render_preamble, render_query, template_id
+from ._template import AnswerFormat, Entry, Prompt, Template, TemplateKind, make_template
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
 
 __all__ = ["Capture", "GraftChunk", "GraftEngine", "GraftResult"]
@@ -171,7 +171,13 @@ class GraftEngine:
         self.answer_format: AnswerFormat = self.config.answer_format or (
             self.library.answer_format if self.library is not None else "answer"
         )
-        """How entries and queries are rendered: the config's, else the library's."""
+        """How answers are shown and decoded: the config's, else the library's."""
+        kind: TemplateKind = self.config.template or (self.library.template if self.library is not None else "text")
+        chat_name = self.config.chat_template or (self.library.chat_template if self.library is not None else None)
+        self.template: Template = make_template(
+            kind, self.answer_format, render=self._render_chat(chat_name), chat_name=chat_name
+        )
+        """How every route's tokens are laid out (`kvgraft_plugin._template`): the config's, else the library's."""
         self._closed = False
         self._worker_thread: threading.Thread | None = None
         self._worker = ThreadPoolExecutor(
@@ -184,7 +190,7 @@ class GraftEngine:
         try:
             self.model_sha256 = file_sha256(model_path)
             self.fingerprint = self._make_fingerprint()
-            self._preamble_tokens = self.tokenize(render_preamble(), add_bos=True)
+            self._preamble_tokens = self._on_worker(lambda: self._tokens(self.template.preamble(), add_bos=True))
             if self.library is not None and self.library.trusted and self.library.entries:
                 self._on_worker(self._warm_up)
         except BaseException:
@@ -220,7 +226,7 @@ class GraftEngine:
         llama = self.config.llama
         return {
             "format": FORMAT_VERSION,
-            "template": template_id(self.answer_format),
+            "template": self.template.name,
             "gguf_sha256": self.model_sha256,
             "llama_cpp_python": llama_cpp_version(),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
@@ -340,14 +346,27 @@ class GraftEngine:
         """Token ids of ``text``."""
         return self._on_worker(lambda: self.backend.tokenize(text, add_bos=add_bos))
 
+    def _tokens(self, prompt: Prompt, *, add_bos: bool = False) -> list[int]:
+        """A template's segments tokenized one by one (on the worker): markup with special tokens, text without."""
+        tokens: list[int] = []
+        for i, segment in enumerate(prompt):
+            tokens += self.backend.tokenize(segment.text, add_bos=add_bos and i == 0, special=segment.special)
+        return tokens
+
+    def _render_chat(self, name: str | None) -> Callable[[Sequence[tuple[str, str]], bool], str]:
+        def render(messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:
+            return self.backend.render_chat(messages, add_generation_prompt=add_generation_prompt, name=name)
+
+        return render
+
     def prefix_tokens(self, record_or_entry: Any) -> list[int]:
         """Token ids of the graft prefix (preamble + entry) for an entry."""
         entry = getattr(record_or_entry, "entry", record_or_entry)
-        return self.tokenize(render_preamble() + render_entry(entry, self.answer_format), add_bos=True)
+        return self._on_worker(lambda: self._tokens(self.template.prefix(entry), add_bos=True))
 
     def probe_tokens(self, entry: Entry) -> list[int]:
         """The query suffix that asks ``entry``'s own problem: the probe of every restore check."""
-        return self.tokenize(render_query(entry.problem, same_as=entry, fmt=self.answer_format))
+        return self._on_worker(lambda: self._tokens(self.template.query(entry.problem, same_as=entry)))
 
     def capture(self, tokens: Sequence[int], *, probe: Sequence[int] | None = None) -> Capture:
         """Prefill ``tokens`` from an empty cache and save the sequence's state.
@@ -486,7 +505,7 @@ class GraftEngine:
     # -- the data path ----------------------------------------------------------------------------------
 
     def _default_stop(self) -> tuple[str, ...]:
-        return self.config.stop if self.config.stop is not None else default_stop(self.answer_format)
+        return self.config.stop if self.config.stop is not None else self.template.stop()
 
     def _request_config(self, routing: Mapping[str, Any] | None) -> EngineConfig:
         if not routing:
@@ -514,8 +533,7 @@ class GraftEngine:
         phases: dict[str, float] = {}
 
         def suffix(entry: Entry | None) -> list[int]:
-            text = render_query(question, system=system, history=history, same_as=entry, fmt=self.answer_format)
-            return self.tokenize(text)
+            return self._tokens(self.template.query(question, system=system, history=history, same_as=entry))
 
         plan = self._plan(question, config, suffix, mode, entry_id, settings["max_tokens"], phases)
         try:
@@ -693,7 +711,7 @@ class GraftEngine:
                 break
             text += decoder.decode(backend.token_bytes(token))
             # a stop string only counts in the text proper (after an answer's leading whitespace)
-            final = _trim_start(text, self.answer_format)
+            final = self.template.trim(text)
             cut = min((i for s in stop if (i := final.find(s)) >= 0), default=-1)
             if cut >= 0:
                 final, finish = final[:cut], "stop"
@@ -706,7 +724,7 @@ class GraftEngine:
             if n_decoded < max_tokens:
                 logits = backend.prefill([token])
         if finish != "stop":
-            final = _trim_start(text + decoder.decode(b"", final=True), self.answer_format)
+            final = self.template.trim(text + decoder.decode(b"", final=True))
             if len(final) > emitted:
                 yield GraftChunk(final[emitted:])
         end = time.perf_counter()
@@ -838,14 +856,6 @@ def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) ->
     p = np.exp(z - z.max())
     p /= p.sum()
     return int(rng.choice(len(p), p=p))
-
-
-def _trim_start(text: str, fmt: AnswerFormat) -> str:
-    """An answer drops its leading whitespace; a solution drops only the newline after ``Solution:`` and
-    keeps its first line's indentation."""
-    if fmt == "answer":
-        return text.lstrip()
-    return text[1:] if text.startswith("\n") else text
 
 
 def _held_back(text: str, stop: tuple[str, ...]) -> int:

@@ -38,7 +38,7 @@ from ._exceptions import (
     SourceError,
 )
 from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
-from ._template import FORMATS, AnswerFormat, Entry
+from ._template import FORMATS, TEMPLATES, AnswerFormat, Entry, TemplateKind
 
 __all__ = ["BaseStateCache", "EntryRecord", "Library", "RamStateCache", "load_key", "read_source"]
 
@@ -201,6 +201,18 @@ def _answer_format(value: Any) -> AnswerFormat:
     if value not in FORMATS:
         raise ValueError(f"answer_format must be one of {', '.join(FORMATS)}, got {value!r}")
     return value  # type: ignore[no-any-return]
+
+
+def _template_kind(value: Any) -> TemplateKind:
+    if value not in TEMPLATES:
+        raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _optional_text(value: Any, name: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
 
 
 # -- source files -------------------------------------------------------------------------------------
@@ -376,6 +388,10 @@ class Library:
     index: dict[str, Any] = field(default_factory=dict)
     answer_format: AnswerFormat = "answer"
     """How its entries are rendered (`kvgraft_plugin._template`): ``answer`` or ``solution``."""
+    template: TemplateKind = "text"
+    """``text`` or ``chat`` (the model's chat template)."""
+    chat_template: str | None = None
+    """With the ``chat`` template: a llama.cpp built-in template's name, or ``None`` for the model's own."""
     routing: dict[str, Any] = field(default_factory=dict)
     """``{"threshold", "margin", "source"}``: source is ``"geometry"`` (derived by build from the entries'
     embeddings), ``"calibrated"`` (``kvgraft calibrate``) or ``"user"`` (``build --threshold``)."""
@@ -422,6 +438,8 @@ class Library:
                 index=_index_record(data.get("index", {})),
                 routing=_routing(data),
                 answer_format=_answer_format(data.get("answer_format", "answer")),
+                template=_template_kind(data.get("template", "text")),
+                chat_template=_optional_text(data.get("chat_template"), "chat_template"),
                 entries=entries,
                 trusted=trusted,
                 untrusted_reason=reason,
@@ -444,6 +462,8 @@ class Library:
             "index": self.index,
             "routing": self.routing,
             "answer_format": self.answer_format,
+            "template": self.template,
+            **({"chat_template": self.chat_template} if self.chat_template is not None else {}),
             "entries": {k: self.entries[k].to_json() for k in sorted(self.entries)},
         }
 

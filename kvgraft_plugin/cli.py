@@ -152,6 +152,19 @@ def main(verbose: int) -> None:
     help="answer: one answer line, stop at the newline; solution: the whole solution verbatim (code, "
     "derivations), stop at the end marker; auto: answer when every entry has an answer.",
 )
+@click.option(
+    "--template",
+    type=click.Choice(["text", "chat"]),
+    default="text",
+    show_default=True,
+    help="text: 'Problem: ... Answer:' (base models); chat: the model's chat template (instruct models).",
+)
+@click.option(
+    "--chat-template",
+    metavar="NAME",
+    help="With --template chat: one of llama.cpp's built-in templates (gemma, chatml, ...) instead of the "
+    "model's own; needed when the GGUF has none.",
+)
 @llama_options
 def build(
     source: str,
@@ -164,6 +177,8 @@ def build(
     embedder: str | None,
     threshold: float | None,
     answer_format: str,
+    template: str,
+    chat_template: str | None,
     **options: Any,
 ) -> None:
     """Build (or update) a library from SOURCE.jsonl: KV states, manifest and index."""
@@ -183,7 +198,11 @@ def build(
         if embedder is None and stored and not stored.startswith("bundled:"):
             embedder = stored
     answer_format = auto_format(entries) if answer_format == "auto" else answer_format
-    config = make_config(options, embedder=embedder, answer_format=answer_format)
+    if chat_template is not None and template != "chat":
+        raise click.UsageError("--chat-template needs --template chat")
+    config = make_config(
+        options, embedder=embedder, answer_format=answer_format, template=template, chat_template=chat_template
+    )
     with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
         report = build_library(
             library,
@@ -198,7 +217,7 @@ def build(
         )
     click.echo(
         f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
-        f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library} ({answer_format} format)"
+        f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library} ({answer_format} format, {template} template)"
     )
     if report.unverified:
         click.echo(

@@ -1,9 +1,11 @@
-"""Answer formats and ids: a ``solution`` library (code, kept verbatim) grafts exactly like text RAG on both
-bundled models, stops at the end marker, and keeps the solution's indentation and lines; ids with slashes,
-spaces and unicode build, graft, verify and sign."""
+"""Answer formats, templates and ids: a ``solution`` library (code, kept verbatim) grafts exactly like text
+RAG on both bundled models under both templates, stops at the end marker (text) or the end of turn (chat),
+and keeps the solution's indentation and lines; an ``answer`` library does the same under the chat
+template; ids with slashes, spaces and unicode build, graft, verify and sign."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -43,7 +45,7 @@ def code_library(request, tmp_path_factory):
     src.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in CODE), encoding="utf-8")
     lib = tmp_path_factory.mktemp("code") / "lib"
     result = run("build", src, "--library", lib, "--model", model_path, "--n-threads", 2)
-    assert result.exit_code == 0 and "(solution format)" in result.output, result.output
+    assert result.exit_code == 0 and "(solution format, text template)" in result.output, result.output
     assert "3 entries have neither an answer nor tests and were not verified" in result.output
     return lib, model_path, request.param
 
@@ -88,3 +90,98 @@ def test_stop_overrides_the_format_default(code_library):
     with GraftEngine(lib, model_path=str(model_path), n_threads=2) as engine:
         result = engine.ask(CODE[0]["problem"], max_tokens=120, stop=["return"])
     assert result.finish_reason == "stop" and result.text == "    if x < low:\n        "
+
+
+# -- the chat template: SmolLM2's own (GGUF), and llama.cpp's "gemma" for the base Gemma (its GGUF has none)
+
+CHAT = {"gemma": ["--chat-template", "gemma"], "smol": []}
+NUMERIC = [
+    {"id": "m/1", "problem": "What is 17 times 23?", "solution": "17 * 23 = 391.", "answer": "391"},
+    {"id": "m/2", "problem": "A shop sells 48 pens a day. How many pens does it sell in 35 days?",
+     "solution": "48 * 35 = 1680.", "answer": "1680"},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["gemma", "smol"])
+def chat_libraries(request, tmp_path_factory):
+    model_path = request.getfixturevalue(f"{request.param}_path")
+    libraries = {}
+    for fmt, entries in (("solution", CODE), ("answer", NUMERIC)):
+        src = tmp_path_factory.mktemp("src") / f"{fmt}.jsonl"
+        src.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries), encoding="utf-8")
+        lib = tmp_path_factory.mktemp("chat") / fmt
+        result = run(
+            "build", src, "--library", lib, "--model", model_path, "--n-threads", 2, "--template", "chat",
+            *CHAT[request.param],
+        )  # fmt: skip
+        assert result.exit_code == 0 and f"({fmt} format, chat template)" in result.output, result.output
+        libraries[fmt] = lib
+    return libraries, model_path, request.param
+
+
+def test_chat_template_states_are_exact_past_the_window(chat_libraries):
+    libraries, _, model = chat_libraries
+    for fmt, lib in libraries.items():
+        library = Library.open(lib)
+        assert (library.template, library.answer_format) == ("chat", fmt)
+        assert library.chat_template == ("gemma" if model == "gemma" else None)
+        assert {r.fidelity for r in library.entries.values()} == {"exact"}  # restore + probe logits bitwise
+    if model == "gemma":
+        assert max(len(r.tokens) for r in Library.open(libraries["solution"]).entries.values()) > 600
+
+
+def test_chat_graft_equals_text_rag_in_both_formats(chat_libraries):
+    libraries, model_path, model = chat_libraries
+    with GraftEngine(libraries["solution"], model_path=str(model_path), n_threads=2) as engine:
+        assert engine.template.kind == "chat"
+        for entry in CODE[:2]:
+            graft = engine.ask(entry["problem"], max_tokens=120)
+            text_rag = engine.ask(entry["problem"], mode="text-rag", entry_id=entry["id"], max_tokens=120)
+            assert graft.route == "graft" and graft.entry_id == entry["id"], graft.fallback_reason
+            assert graft.text == text_rag.text and graft.decode_tokens == text_rag.decode_tokens
+        if model == "smol":  # the instruct model ends its turn: the end-of-turn token stops decoding
+            result = engine.ask(CODE[1]["problem"], max_tokens=120)
+            assert result.finish_reason == "eog" and result.text.startswith("    ")
+        else:  # the base Gemma copies the solution, then never ends the turn (it was not trained on one)
+            assert engine.ask(CODE[0]["problem"], max_tokens=120).text.startswith(CODE[0]["solution"])
+    with GraftEngine(libraries["answer"], model_path=str(model_path), n_threads=2) as engine:
+        for entry in NUMERIC:
+            graft = engine.ask(entry["problem"])
+            text_rag = engine.ask(entry["problem"], mode="text-rag", entry_id=entry["id"])
+            assert graft.route == "graft" and graft.text == text_rag.text
+            assert graft.decode_tokens == text_rag.decode_tokens
+            assert graft.finish_reason in ("stop", "eog") and "\n" not in graft.text  # one answer line
+            if model == "gemma":  # SmolLM2-135M re-derives 17 * 23 as 427 with the entry in view (measured)
+                assert graft.text == entry["answer"]
+
+
+def test_chat_kvgraft_uses_the_library_chat_template(chat_libraries):
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+    from kvgraft_plugin.adapters.langchain import ChatKVGraft
+
+    libraries, model_path, _ = chat_libraries
+    chat = ChatKVGraft(library=str(libraries["answer"]), model_path=str(model_path), n_threads=2)
+    try:
+        messages = [SystemMessage("Answer with a number."), HumanMessage("What is 2 plus 2?"), AIMessage("4"),
+                    HumanMessage(NUMERIC[0]["problem"])]  # fmt: skip
+        reply = chat.invoke(messages)
+        engine = chat._get_engine()
+        direct = engine.ask(NUMERIC[0]["problem"], system="Answer with a number.", history=[("What is 2 plus 2?", "4")])
+        assert reply.response_metadata["route"] == "graft" and reply.content == direct.text
+        assert reply.response_metadata["prefill_tokens"] == direct.prefill_tokens
+    finally:
+        chat.release()
+
+
+def test_special_token_syntax_in_a_question_stays_text(chat_libraries):
+    libraries, model_path, model = chat_libraries
+    marker = "<|im_end|>" if model == "smol" else "<end_of_turn>"
+    with GraftEngine(libraries["answer"], model_path=str(model_path), n_threads=2) as engine:
+        special = engine.run_exclusive(lambda backend: backend.tokenize(marker, add_bos=False, special=True))
+        markup = set(special) - set(engine.tokenize(marker))
+        entry = engine.library.get("m/1").entry
+        probe = engine.probe_tokens(dataclasses.replace(entry, problem=f"{marker} {entry.problem}"))
+        plain_probe = engine.probe_tokens(entry)
+    # the typed marker adds plain-text tokens only; the special ones come from the template, as many as before
+    assert sum(t in markup for t in probe) == sum(t in markup for t in plain_probe) > 0

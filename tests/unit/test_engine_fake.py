@@ -46,7 +46,7 @@ class ScriptedBackend:
     def device(self) -> str:
         return "cpu"
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
         return [BOS] * add_bos + list(text.encode())
 
     def token_bytes(self, token: int) -> bytes:

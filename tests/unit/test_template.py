@@ -1,4 +1,5 @@
-"""The two answer formats: what the entry and the query look like, and where decoding stops."""
+"""The two answer formats and the two templates: what the entry and the query look like, where the graft
+prefix is cut, and where decoding stops."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from kvgraft_plugin import ConfigError
 from kvgraft_plugin._template import (
     END_OF_SOLUTION,
     TEMPLATE_VERSION,
+    ChatTemplate,
     Entry,
+    Segment,
+    TextTemplate,
     default_stop,
+    make_template,
     render_entry,
     render_query,
     template_id,
@@ -42,3 +47,60 @@ def test_solution_history_turns_are_closed_by_the_marker():
 def test_unknown_format_is_refused():
     with pytest.raises(ConfigError, match="answer format"):
         render_entry(CODE, "essay")  # type: ignore[arg-type]
+
+
+def chatml(messages, add_generation_prompt):
+    """SmolLM2's template, in Python: a default system turn unless the first message is one."""
+    out = "" if messages and messages[0][0] == "system" else "<|im_start|>system\nDefault<|im_end|>\n"
+    out += "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
+    return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def test_chat_template_cuts_the_prefix_at_a_turn_boundary_and_marks_only_markup_special():
+    entry = Entry("m", "What is 2+2?", "2 + 2 = 4.", "4")
+    template = ChatTemplate(chatml, "answer")
+    prefix = template.prefix(entry)
+    query = template.query("2+2 <|im_end|>?", system="Be brief.", history=[("q1", "1")], same_as=entry)
+    plain = template.preamble() + template.query("2+2 <|im_end|>?", system="Be brief.", history=[("q1", "1")])
+    # graft prefix + suffix is the template's own rendering of the conversation with the entry first
+    messages = [("user", "What is 2+2?"), ("assistant", "Answer: 4\nSolution: 2 + 2 = 4."), ("user", "q1"),
+                ("assistant", "Answer: 1"), ("user", "Be brief.\n\n2+2 <|im_end|>?\nSame task as above.")]  # fmt: skip
+    assert "".join(s.text for s in prefix + query) == chatml(messages, True) + "Answer:"
+    plain_messages = [*messages[2:4], ("user", "Be brief.\n\n2+2 <|im_end|>?")]
+    assert "".join(s.text for s in plain) == chatml(plain_messages, True) + "Answer:"
+    assert prefix[0] == Segment("<|im_start|>system\nDefault<|im_end|>\n", special=True)
+    assert prefix[-1] == Segment("<|im_end|>\n", special=True)  # ends where the next turn begins
+    # special-token syntax typed by a user stays text: only the template's markup is special
+    assert all(not s.special for s in query if "2+2" in s.text)
+    assert all(s.special == s.text.startswith("<|im_") for s in prefix + query if s.text != "Answer:")
+    assert template.stop() == ("\n",) and template.name == template_id("answer", "chat") != template_id("answer")
+
+
+def test_chat_solution_is_the_assistant_turn_verbatim_and_ends_at_the_end_of_turn():
+    template = make_template("chat", "solution", render=chatml, chat_name="chatml")
+    prefix = template.prefix(CODE)
+    assert Segment("    y = x * 2\n\n    return y") in prefix  # the first line's indentation kept
+    assert template.query(CODE.problem)[-1] == Segment("<|im_end|>\n<|im_start|>assistant\n", special=True)
+    assert template.stop() == () and template.trim("    return 1") == "    return 1"
+    assert template.name.endswith("+chat:chatml")
+
+
+def test_a_chat_template_that_cannot_be_cut_at_a_turn_is_refused():
+    def folds_history(messages, add_generation_prompt):  # renders the last turn differently once others follow
+        return "|".join(f"{role}:{content}" for role, content in messages) + ("|" if add_generation_prompt else "")
+
+    def counts_turns(messages, add_generation_prompt):  # the start depends on the conversation's length
+        return f"[{len(messages)}]" + "".join(f"<{r}>{c}</{r}>" for r, c in messages) + "<a>" * add_generation_prompt
+
+    for render in (folds_history, counts_turns):
+        with pytest.raises(ConfigError, match="use --template text"):
+            ChatTemplate(render).prefix(CODE)
+
+
+def test_text_template_pieces_are_the_rendered_strings():
+    template = TextTemplate("answer")
+    entry = Entry("m", "What is 2+2?", "2 + 2 = 4.", "4")
+    assert template.prefix(entry) == (Segment("Solved problems with verified answers.\n\n" + render_entry(entry)),)
+    assert template.query("q", same_as=entry) == (Segment(render_query("q", same_as=entry)),)
+    with pytest.raises(ConfigError, match="template must be"):
+        make_template("jinja")  # type: ignore[arg-type]
