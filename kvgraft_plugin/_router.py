@@ -163,9 +163,14 @@ def asked_guard(c: Candidate) -> str | None:
 
 
 def code_guard(c: Candidate) -> str | None:
-    """Code literals (string literals, slices, called functions, booleans) match as written."""
+    """Code literals (string literals, slices, called functions, booleans; a function prompt's code) match
+    as written; a function prompt's docstring examples may be dropped, not changed or added."""
     if c.query.code != c.problem.code:
         return f"code differs: {sorted(set(c.query.code) ^ set(c.problem.code))}"
+    if c.query.examples - c.problem.examples:
+        return f"examples the entry does not show: {sorted(c.query.examples - c.problem.examples)}"
+    if c.problem.examples and not c.query.examples and not c.problem.terms:
+        return "the entry's docstring is examples only, and the query shows none of them"
     return None
 
 

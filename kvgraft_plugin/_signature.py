@@ -14,18 +14,27 @@ scores "17 plus 23" against "17 times 23" at 0.9+), so the router compares signa
   literals, operators);
 - ``asked``: the terms of the question sentence (the quantity asked for).
 
+A problem that is a Python function prompt (a signature and a docstring, `python_prompt`) is read as
+code and prose apart: the function's and its parameters' names are replaced by placeholders (a renamed
+function asks the same task), the code without its docstring must match as written (``code``), the
+docstring's example clauses (``'aaab' -> 'a3b1'``, ``f(2) == 4``) are kept whole as ``examples`` (a query
+may drop examples, not change them), and only the docstring's prose goes through the reading above.
+
 The router's guards compare two signatures; this module only extracts them (no model needed).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
+import textwrap
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-__all__ = ["KEY_TERMS", "ORDERED", "Signature", "signature"]
+__all__ = ["KEY_TERMS", "ORDERED", "PythonPrompt", "Signature", "python_prompt", "signature"]
 
 # Phrases mapped to one canonical term, applied in order to lower-cased text (longest phrases first).
 _PHRASES: tuple[tuple[str, str], ...] = (
@@ -191,6 +200,8 @@ class Signature:
     """(X, Y) for "X of (the) Y": "the sum of the squares" is not "the square of the sum"."""
     target: str | None
     """What "how many ..." counts: the first term after it ("how many cents" is not "how many dimes")."""
+    examples: frozenset[str] = frozenset()
+    """A Python prompt's docstring examples, whitespace removed, names as placeholders."""
 
     @property
     def number_counts(self) -> Counter[float]:
@@ -285,10 +296,105 @@ def _scan(text: str) -> _Scan:
     return out
 
 
+@dataclass(frozen=True)
+class PythonPrompt:
+    """A function prompt read apart: its code, its docstring's prose and its docstring's examples."""
+
+    code: str
+    """The source without the docstring, the function named ``func`` and its parameters ``param_a``, ..."""
+    prose: str
+    examples: frozenset[str]
+
+
+#: Clauses of a docstring that show an example rather than describe the task.
+_EXAMPLE = re.compile(r"->|=>|==|>>>")
+_CLAUSE = re.compile(r"(?<=[.;])\s+|\n+")
+
+
+def python_prompt(text: str) -> PythonPrompt | None:
+    """``text`` read as one Python function (imports allowed before it) with a docstring, else ``None``."""
+    source = textwrap.dedent(text).strip("\n")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    others = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.Import, ast.ImportFrom))]
+    if len(functions) != 1 or others or (docstring := ast.get_docstring(functions[0])) is None:
+        return None
+    function = functions[0]
+    args = function.args
+    params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
+    names = {function.name: "func"} | {name: f"param_{chr(ord('a') + i)}" for i, name in enumerate(params[:26])}
+    function.body = function.body[1:] or [ast.Pass()]
+    code = ast.unparse(_Rename(names).visit(tree))
+    prose: list[str] = []
+    examples: set[str] = set()
+    for clause in (c.strip() for c in _CLAUSE.split(docstring)):
+        shown = _EXAMPLE.search(clause)
+        if shown is None:
+            prose.append(clause)
+            continue
+        lead, colon, example = clause[: shown.start()].rpartition(": ")
+        if colon:  # "Differences of neighbours: [1, 4, 9] -> [3, 5]"
+            prose.append(lead)
+            clause = example + clause[shown.start() :]
+        examples.add("".join(_rename_words(clause, names).split()).rstrip(".;"))
+    # names leave the prose: "Drop repeated items" and "Drop repeated xs" describe one task
+    unnamed = _rename_words(" ".join(prose), dict.fromkeys(names, ""))
+    return PythonPrompt(code, " ".join(unnamed.split()), frozenset(examples))
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        node.name = self.names.get(node.name, node.name)
+        self.generic_visit(node)
+        return node
+
+    def visit_arg(self, node: ast.arg) -> ast.arg:
+        node.arg = self.names.get(node.arg, node.arg)
+        self.generic_visit(node)
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        node.id = self.names.get(node.id, node.id)
+        return node
+
+
+def _rename_words(text: str, names: dict[str, str]) -> str:
+    """Names as placeholders in prose, except names that are also common words ("a", "in")."""
+    wanted = {k: v for k, v in names.items() if k.lower() not in _STOPWORDS}
+    if not wanted:
+        return text
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(wanted, key=len, reverse=True))) + r")(?!\w)")
+    return pattern.sub(lambda m: wanted[m.group(1)], text)
+
+
+#: Words that change what a function does, key terms in a docstring's prose only (in a word problem
+#: "keep" or "count" is filler). Found by the code routing set's tuning half: "Keep repeated items" grafted
+#: the entry "Drop repeated items" while "drop" was an ordinary word.
+_CODE_KEY_WORDS = """keep keeping kept drop dropping dropped remove removing removed skip skipping skipped ignore
+    ignoring ignored include including exclude excluding encode decode split join merge reverse reversed count
+    last smallest largest shortest longest increasing decreasing ascending descending start end before after
+    unique duplicate duplicates distinct sorted right""".split()
+
+
 @lru_cache(maxsize=4096)
 def signature(text: str) -> Signature:
-    """The signature of a problem statement or query."""
+    """The signature of a problem statement or query (a Python function prompt: see `python_prompt`)."""
     text = unicodedata.normalize("NFKC", text)
+    prompt = python_prompt(text)
+    if prompt is not None:
+        prose = signature(prompt.prose)
+        return dataclasses.replace(
+            prose,
+            key_terms=prose.key_terms | (prose.terms & _code_key_terms()),
+            code=tuple(sorted((*prose.code, f"code:{prompt.code}"))),
+            examples=prompt.examples,
+        )
     code = sorted(_code_literals(text))
     text = _STRING_LITERAL.sub(" ", text).lower()
     for pattern, canonical in _PHRASES:
@@ -308,6 +414,11 @@ def signature(text: str) -> Signature:
         relations=frozenset(scan.relations),
         target=_target(rest),
     )
+
+
+@lru_cache(maxsize=1)
+def _code_key_terms() -> frozenset[str]:
+    return frozenset(_stem(w) for w in _CODE_KEY_WORDS)
 
 
 def _target(text: str) -> str | None:

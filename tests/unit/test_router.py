@@ -48,8 +48,21 @@ GUARD_CASES = {
         ],
     ),
     code_guard: (
-        [("What does 'kvgraft'[::-1] give in Python?", "In Python, what does 'kvgraft'[::-1] evaluate to?")],
         [
+            ("What does 'kvgraft'[::-1] give in Python?", "In Python, what does 'kvgraft'[::-1] evaluate to?"),
+            # a function prompt renamed (function and parameters), its examples dropped
+            (
+                'def rle(s):\n    """Encode runs of s."""',
+                'def encode(text):\n    """Encode runs of text: \'aab\' -> \'a2b1\'."""',
+            ),
+            ('def f(xs, k=2):\n    """Rotate xs by k."""', 'def rotate(items, n=2):\n    """Rotate items by n."""'),
+        ],
+        [
+            # a function prompt with another example, default, or with no trace of an examples-only docstring
+            ('def f(s):\n    """Encode: \'aab\' -> \'a2b2\'."""', 'def f(s):\n    """Encode: \'aab\' -> \'a2b1\'."""'),
+            ('def f(xs, k=3):\n    """Rotate xs by k."""', 'def f(xs, k=2):\n    """Rotate xs by k."""'),
+            ('def f(a, b):\n    """Rotate a by b."""', 'def f(xs, k=2):\n    """Rotate xs by k."""'),
+            ('def f(s):\n    """Convert it."""', 'def f(s):\n    """\'parseHttp\' -> \'parse_http\'."""'),
             ("In Python, what is 'kvgraft'[-1]?", "In Python, what does 'kvgraft'[::-1] evaluate to?"),
             ("In Python, what is max(range(3, 30, 4))?", "In Python, what is len(range(3, 30, 4))?"),
             (
@@ -211,3 +224,17 @@ def test_explain_lists_every_candidate():
     got = r.explain("What is 23 plus 17?")
     assert [(e, s) for e, s, _ in got] == [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]
     assert got[0][2] is not None and got[1][2] is None and got[2][2] is not None
+
+
+def test_a_function_prompt_is_read_as_code_examples_and_prose():
+    from kvgraft_plugin._signature import python_prompt
+
+    prompt = python_prompt('def chunk(items, n=2):\n    """Split items into lists of n: [1, 2, 3] -> [[1, 2], [3]]."""')
+    assert prompt is not None and prompt.code == "def func(param_a, param_b=2):\n    pass"
+    assert prompt.prose == "Split into lists of" and prompt.examples == {"[1,2,3]->[[1,2],[3]]"}
+    assert python_prompt("What is 17 times 23?") is None and python_prompt("x = 1\ndef f(): 'doc'") is None
+    # in a docstring, words that change what a function does are key terms: dropping one refuses
+    keep = 'def f(items):\n    """Keep repeated items, keeping the first of each."""'
+    drop = 'def f(items):\n    """Drop repeated items, keeping the first of each."""'
+    assert "drop" in signature(drop).key_terms and "drop" not in signature("Drop the 3 apples.").key_terms
+    assert terms_guard(cand(keep, drop)) == "the query leaves out ['drop']"
