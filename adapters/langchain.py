@@ -57,6 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._config import EngineConfig
 from .._engine import GraftEngine, GraftResult
 from .._exceptions import ConfigError
+from .._messages import split_chat
 
 __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 
@@ -290,21 +291,11 @@ def _role(message: BaseMessage) -> str:
 
 def _split_messages(messages: Sequence[BaseMessage]) -> tuple[str, str | None, list[tuple[str, str]]]:
     """(question, system text, earlier (human, ai) turns) from a chat that ends with a human message."""
-    roles = [_role(m) for m in messages]
-    if not roles or roles[-1] != "human":
-        last = roles[-1] if roles else "nothing"
-        raise ConfigError(f"the last message must be a human message (the question); got {last}")
-    system = "\n".join(m.text for m, r in zip(messages, roles, strict=True) if r == "system") or None
-    history: list[tuple[str, str]] = []
-    pending: list[str] = []
-    for message, role in zip(messages[:-1], roles[:-1], strict=True):
-        if role == "human":
-            pending.append(message.text)
-        elif role == "ai":
-            history.append((" ".join(pending), message.text))
-            pending = []
-    question = " ".join([*pending, messages[-1].text])
-    return question, system, history
+    roles = {"human": "user", "ai": "assistant", "system": "system"}
+    try:
+        return split_chat([(roles[_role(m)], m.text) for m in messages])
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("user message", "human message")) from None
 
 
 class ChatKVGraft(_KVGraftMixin, BaseChatModel):

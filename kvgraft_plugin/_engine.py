@@ -82,7 +82,7 @@ class GraftResult:
     ttft_ms: float
     total_ms: float
     finish_reason: str = "stop"
-    """``"stop"`` (stop string), ``"eog"`` (end-of-generation token) or ``"length"``."""
+    """``"stop"`` (stop string), ``"eog"`` (end-of-generation token), ``"length"`` or ``"cancelled"``."""
     phases_ms: dict[str, float] = field(default_factory=dict)
     """embed, search, read, check, restore, prefill, first_token, decode."""
     match: list[dict[str, Any]] = field(default_factory=list)
@@ -457,6 +457,7 @@ class GraftEngine:
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
         routing: Mapping[str, Any] | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[GraftChunk]:
         """Answer ``question``, yielding text as it is decoded; the last chunk carries the result.
 
@@ -465,7 +466,8 @@ class GraftEngine:
         (or ``entry_id``) entry; ``plain`` never uses the library. ``system`` and ``history`` (earlier
         question/answer turns) are rendered into the suffix; routing uses ``question`` alone.
         ``routing`` overrides `ROUTING_SETTINGS` (``threshold``, ``margin``, ``top_k``, ``guards``,
-        ``match_check``, ``fallback``) for this request only.
+        ``match_check``, ``fallback``) for this request only. Setting ``cancel`` (from any thread) stops
+        decoding at the next token, as closing the iterator does; the result then ends there.
         """
         self._check_open()
         config = self._request_config(routing)
@@ -482,7 +484,7 @@ class GraftEngine:
             "seed": self.config.llama.seed if seed is None else seed,
         }
         chunks: queue.SimpleQueue[GraftChunk | BaseException | None] = queue.SimpleQueue()
-        cancel = threading.Event()
+        cancel = cancel if cancel is not None else threading.Event()
 
         def produce() -> None:
             try:
@@ -723,6 +725,8 @@ class GraftEngine:
                 break
             if n_decoded < max_tokens:
                 logits = backend.prefill([token])
+        if finish == "length" and cancel.is_set():
+            finish = "cancelled"
         if finish != "stop":
             final = self.template.trim(text + decoder.decode(b"", final=True))
             if len(final) > emitted:

@@ -654,5 +654,46 @@ def sign(library: str, key_file: str) -> None:
     click.echo(f"signed {path}")
 
 
+@main.command()
+@click.option(
+    "--library", type=click.Path(exists=True, file_okay=False), help="Library to serve (none: plain decoding)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="File holding the API key clients must send as 'Authorization: Bearer KEY' (every route but /health).",
+)
+@click.option(
+    "--max-queue", default=64, show_default=True, type=click.IntRange(0), help="Requests that may wait; then 503."
+)
+@click.option("--max-tokens", type=int, help="Default decode budget when a request sets none (default 64).")
+@routing_options
+@llama_options
+def serve(
+    library: str | None,
+    host: str,
+    port: int,
+    api_key_file: str | None,
+    max_queue: int,
+    max_tokens: int | None,
+    **options: Any,
+) -> None:
+    """Serve the engine over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...)."""
+    try:
+        from .serve import serve as run_server
+    except ImportError as exc:
+        raise click.ClickException(f"kvgraft serve needs: pip install 'kvgraft-plugin[server]' ({exc})") from exc
+    api_key = Path(api_key_file).read_text(encoding="utf-8").strip() if api_key_file else None
+    if api_key_file and not api_key:
+        raise click.ClickException(f"{api_key_file} is empty")
+    make_config(options, max_tokens=max_tokens)  # a bad option fails before the model loads
+    run_server(
+        lambda: _engine(library, options, max_tokens=max_tokens),
+        host=host, port=port, api_key=api_key, max_queue=max_queue,
+    )  # fmt: skip
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -120,7 +120,9 @@ def chat_libraries(request, tmp_path_factory):
 
 
 def test_chat_template_states_are_exact_past_the_window(chat_libraries):
-    libraries, _, model = chat_libraries
+    libraries, model_path, model = chat_libraries
+    verified = run("verify", "--library", libraries["answer"], "--fidelity", "--model", model_path, "--n-threads", 2)
+    assert verified.exit_code == 0, verified.output
     for fmt, lib in libraries.items():
         library = Library.open(lib)
         assert (library.template, library.answer_format) == ("chat", fmt)

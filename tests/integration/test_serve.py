@@ -1,0 +1,237 @@
+"""``kvgraft serve``: the real server in a subprocess on a free localhost port, called by the official
+``openai`` client, LangChain's ``ChatOpenAI`` and plain HTTP (httpx)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from kvgraft_plugin import GraftEngine
+
+KEY = "test-key-123"
+QUESTION = "What is 17 times 23?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(library, gemma_path, tmp_path, *extra):
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    port = free_port()
+    args = [sys.executable, "-m", "kvgraft_plugin.cli", "serve", "--library", str(library), "--model", str(gemma_path),
+            "--n-threads", "2", "--port", str(port), "--api-key-file", str(key_file), *extra]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("server did not come up")
+
+
+@pytest.fixture(scope="module")
+def server(small_library, gemma_path, tmp_path_factory):
+    proc, url = start(small_library, gemma_path, tmp_path_factory.mktemp("serve"))
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0  # a graceful shutdown: uvicorn drains, the engine closes
+
+
+CONCURRENT = [QUESTION, "What is the capital of France?", "What is the greatest common divisor of 84 and 126?",
+              "Name a colour."]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def expected(small_library, gemma_path):
+    with GraftEngine(small_library, model_path=str(gemma_path), n_threads=2) as engine:
+        chat = engine.ask(QUESTION, system="Be brief.", history=[("What is 2 plus 2?", "4")])
+        return engine.ask(QUESTION), chat, [engine.ask(q, max_tokens=16) for q in CONCURRENT]
+
+
+def test_openai_client_chat_and_completions(server, expected):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key=KEY)
+    assert {m.id for m in client.models.list()} >= {"kvgraft"}
+    reply = client.chat.completions.create(model="kvgraft", messages=[{"role": "user", "content": QUESTION}])
+    extra = reply.model_extra["kvgraft"]
+    assert reply.choices[0].message.content == expected[0].text == "391"
+    assert extra["route"] == "graft" and extra["entry_id"] == expected[0].entry_id and extra["restored_tokens"] > 0
+    assert reply.usage.prompt_tokens_details.cached_tokens == expected[0].restored_tokens
+    assert reply.usage.completion_tokens == expected[0].decode_tokens
+    # system text and earlier turns map as in ChatKVGraft
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 plus 2?"},
+                {"role": "assistant", "content": "4"}, {"role": "user", "content": QUESTION}]  # fmt: skip
+    reply = client.chat.completions.create(model="kvgraft", messages=messages)
+    assert reply.choices[0].message.content == expected[1].text
+    assert reply.usage.prompt_tokens == expected[1].prefill_tokens + expected[1].restored_tokens
+    completion = client.completions.create(model="kvgraft", prompt=QUESTION, max_tokens=8)
+    assert completion.choices[0].text == "391" and completion.model_extra["kvgraft"]["route"] == "graft"
+
+
+def test_streams_equal_the_whole_answer(server, expected):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key=KEY)
+    chunks = list(client.chat.completions.create(model="kvgraft", messages=[{"role": "user", "content": QUESTION}],
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    closing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == expected[0].text and len(closing) == 1 and closing[0].model_extra["kvgraft"]["route"] == "graft"
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    pieces = list(client.completions.create(model="kvgraft", prompt=QUESTION, stream=True))
+    assert "".join(p.choices[0].text for p in pieces if p.choices) == "391"
+
+
+def test_uncovered_questions_do_not_graft_and_concurrent_requests_equal_serial_answers(server, expected):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key=KEY)
+
+    def ask(question):
+        return client.completions.create(model="kvgraft", prompt=question, max_tokens=16)
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(ask, CONCURRENT))
+    assert [r.choices[0].text for r in replies] == [e.text for e in expected[2]]
+    assert [r.model_extra["kvgraft"]["route"] for r in replies] == [e.route for e in expected[2]]
+    assert replies[1].model_extra["kvgraft"]["route"] == "plain"  # uncovered
+    assert replies[1].model_extra["kvgraft"]["fallback_reason"].startswith("no-match")
+
+
+def test_langchain_chat_openai(server, expected):
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(model="kvgraft", base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    assert chat.invoke(QUESTION).content == expected[0].text
+    assert "".join(c.content for c in chat.stream(QUESTION)) == expected[0].text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status", "code"),
+    [
+        ("post", "/v1/chat/completions", {"model": "kvgraft", "messages": []}, None, 400, None),
+        (
+            "post",
+            "/v1/chat/completions",
+            {"model": "kvgraft", "messages": [{"role": "user", "content": "q"}], "max_tokens": 0},
+            None,
+            400,
+            None,
+        ),  # fmt: skip
+        (
+            "post",
+            "/v1/chat/completions",
+            {"model": "kvgraft", "messages": [{"role": "user", "content": "q"}], "n": 2},
+            None,
+            400,
+            None,
+        ),  # fmt: skip
+        (
+            "post",
+            "/v1/chat/completions",
+            {"model": "kvgraft", "messages": [{"role": "assistant", "content": "q"}]},
+            None,
+            400,
+            None,
+        ),  # fmt: skip
+        (
+            "post",
+            "/v1/chat/completions",
+            {"model": "gpt-4o", "messages": [{"role": "user", "content": "q"}]},
+            None,
+            404,
+            "model_not_found",
+        ),  # fmt: skip
+        (
+            "post",
+            "/v1/completions",
+            {"model": "kvgraft", "prompt": "word " * 5000},
+            None,
+            400,
+            "context_length_exceeded",
+        ),  # fmt: skip
+        ("post", "/v1/chat/completions", b"{not json", None, 400, None),
+        ("get", "/v1/models", None, {"Authorization": "Bearer wrong"}, 401, "invalid_api_key"),
+        ("get", "/metrics", None, {}, 401, "invalid_api_key"),
+    ],
+)
+def test_errors_have_openai_bodies(server, method, path, body, headers, status, code):
+    auth = {"Authorization": f"Bearer {KEY}"} if headers is None else headers
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+    response = httpx.request(method.upper(), server + path, headers=auth, timeout=60, **kwargs)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["type"] and (code is None or error["code"] == code)
+
+
+def test_metrics_count_routes_and_restored_tokens(server):
+    httpx.post(f"{server}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+               json={"model": "kvgraft", "prompt": QUESTION}, timeout=60)  # fmt: skip
+    text = httpx.get(f"{server}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert 'kvgraft_requests_total{fallback="none",route="graft"}' in text
+    assert 'kvgraft_tokens_total{kind="restored"}' in text and "kvgraft_ttft_seconds_bucket" in text
+    assert "kvgraft_queue_depth 0.0" in text
+
+
+def test_full_queue_answers_503_and_a_disconnect_cancels(small_library, gemma_path, tmp_path):
+    proc, url = start(small_library, gemma_path, tmp_path, "--max-queue", "0")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    long = {
+        "model": "kvgraft",
+        "prompt": "Write a long story about a robot.",
+        "max_tokens": 2000,
+        "stream": True,
+        "stop": ["@@@@"],
+    }  # no newline stop: it runs until cancelled
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", headers=headers, json=long, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data:"))  # decoding has started
+            busy = httpx.post(f"{url}/v1/completions", headers=headers, json={"model": "kvgraft", "prompt": "q"})
+            assert busy.status_code == 503 and busy.json()["error"]["code"] == "queue_full"
+        # the client went away: the request stops at the next token, far short of its 2000
+        deadline = time.monotonic() + 60
+        while 'kvgraft_tokens_total{kind="decoded"}' not in (text := httpx.get(f"{url}/metrics", headers=headers).text):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.2)
+        assert "kvgraft_cancelled_total 1.0" in text
+        decoded = float(text.split('kvgraft_tokens_total{kind="decoded"} ')[1].split()[0])
+        assert 0 < decoded < 2000
+        ok = httpx.post(f"{url}/v1/completions", headers=headers, json={"model": "kvgraft", "prompt": QUESTION})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "391"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_sigterm_lets_a_request_in_flight_finish(small_library, gemma_path, tmp_path):
+    proc, url = start(small_library, gemma_path, tmp_path)
+    body = {"model": "kvgraft", "prompt": "Count from one to twenty:", "max_tokens": 60, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body,
+                      timeout=60) as stream:  # fmt: skip
+        lines = stream.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # in flight
+        proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][5:])["kvgraft"]["route"] in ("graft", "plain")
+    assert proc.wait(timeout=60) == 0
