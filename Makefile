@@ -46,6 +46,7 @@ lint: setup
 	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/kvgraft_plugin
 	ln -s $(CURDIR)/kvgraft_plugin/*.py $(MYPY_TREE)/kvgraft_plugin/
 	ln -s $(CURDIR)/adapters $(MYPY_TREE)/kvgraft_plugin/adapters
+	ln -s $(CURDIR)/kvgraft_plugin/serve $(MYPY_TREE)/kvgraft_plugin/serve
 	cd $(MYPY_TREE) && $(CURDIR)/.venv/bin/mypy --config-file $(CURDIR)/pyproject.toml kvgraft_plugin
 
 clean:

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -261,7 +261,7 @@ class LlamaBackend:
             add_generation_prompt=add_generation_prompt,
         )  # fmt: skip
         try:
-            return formatter(messages=[{"role": r, "content": c} for r, c in messages]).prompt
+            return formatter(messages=cast(Any, [{"role": r, "content": c} for r, c in messages])).prompt
         except Exception as exc:  # jinja2's errors and the template's raise_exception
             raise ConfigError(f"the chat template of {self.model_path.name} failed: {exc}") from exc
 
@@ -387,7 +387,7 @@ class LlamaBackend:
 def _apply_builtin_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:
     """Render with one of llama.cpp's built-in chat templates (``llama_chat_apply_template``)."""
     names = (ctypes.c_char_p * 256)()
-    known = {names[i].decode() for i in range(min(llama_cpp.llama_chat_builtin_templates(names, 256), 256))}
+    known = {(names[i] or b"").decode() for i in range(min(llama_cpp.llama_chat_builtin_templates(names, 256), 256))}
     if name not in known:
         raise ConfigError(f"{name!r} is not one of llama.cpp's chat templates: {', '.join(sorted(known))}")
     encoded = [(role.encode(), content.encode()) for role, content in messages]

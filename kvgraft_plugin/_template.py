@@ -195,10 +195,17 @@ class Template(Protocol):
     """How one answer format is laid out as segments: ``preamble`` starts every prompt, ``prefix(entry)``
     is what a graft restores (it starts with the preamble), ``query`` is the suffix fed after either."""
 
-    fmt: AnswerFormat
-    kind: TemplateKind
-    name: str
-    """The template's id in the state fingerprint."""
+    @property
+    def fmt(self) -> AnswerFormat:
+        """The answer format."""
+
+    @property
+    def kind(self) -> TemplateKind:
+        """``text`` or ``chat``."""
+
+    @property
+    def name(self) -> str:
+        """The template's id in the state fingerprint."""
 
     def preamble(self) -> Prompt:
         """The start of every prompt; plain decoding is ``preamble + query``."""
