@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from .._engine import GraftChunk, GraftEngine, GraftResult
 from .._exceptions import ContextOverflowError, EngineClosedError, KVGraftError, QueryError
@@ -159,8 +160,10 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
             raise _as_api_error(exc) from exc
         reply = _Reply(kind, body.model)
         if body.stream:
-            events = _events(reply, first, chunks, cancel, include_usage=body.include_usage)
-            return EventSourceResponse(events, ping=15)
+            lease = _Lease(slots, metrics, chunks, cancel)
+            events = _events(reply, first, chunks, lease, include_usage=body.include_usage)
+            # the background task ends the lease too when the client leaves before the stream starts
+            return EventSourceResponse(events, ping=15, background=BackgroundTask(lease.end))
         try:
             result = await anyio.to_thread.run_sync(_drain, first, chunks)
         finally:
@@ -169,10 +172,9 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
         return JSONResponse(reply.whole(result))
 
     async def _events(
-        reply: _Reply, first: GraftChunk | None, chunks: Iterator[GraftChunk], cancel: threading.Event, *,
+        reply: _Reply, first: GraftChunk | None, chunks: Iterator[GraftChunk], lease: _Lease, *,
         include_usage: bool,
     ) -> AsyncIterator[dict[str, str]]:  # fmt: skip
-        finished = False
         try:
             if kind_is_chat := reply.kind == "chat.completion":
                 yield reply.event({"role": "assistant", "content": ""})
@@ -182,22 +184,45 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
                     yield reply.event({"content": chunk.text} if kind_is_chat else chunk.text)
                 if chunk.result is not None:
                     metrics.answered(chunk.result)
+                    lease.answered = True
                     yield reply.event({} if kind_is_chat else "", chunk.result, include_usage=include_usage)
                     if include_usage:
                         yield reply.usage_event(chunk.result)
                 chunk = await anyio.to_thread.run_sync(next, chunks, None)
-            finished = True
             yield {"data": "[DONE]"}
         finally:
-            if not finished:
-                cancel.set()
-                metrics.cancelled.inc()
-                logger.info("client went away: request cancelled")
-                # the engine stops at the next token; its result still counts in the metrics
-                threading.Thread(target=lambda: metrics.answered(_drain(None, chunks)), daemon=True).start()
-            slots.leave()
+            lease.end()
 
     return app
+
+
+class _Lease:
+    """A streamed request's place in the queue, given up exactly once: when its stream ends, or when its
+    client goes away (even before the stream starts), which also cancels the engine's request."""
+
+    def __init__(self, slots: _Slots, metrics: Metrics, chunks: Iterator[GraftChunk], cancel: threading.Event) -> None:
+        self.slots, self.metrics, self.chunks, self.cancel = slots, metrics, chunks, cancel
+        self.answered = False
+        """The result reached the client."""
+        self._ended = False
+
+    def end(self) -> None:
+        """Leave the queue; cancel the engine's request unless its result was sent."""
+        if self._ended:
+            return
+        self._ended = True
+        self.slots.leave()
+        if not self.answered:
+            self.cancel.set()
+            self.metrics.cancelled.inc()
+            logger.info("client went away: request cancelled")
+            threading.Thread(target=self._count_the_rest, daemon=True).start()
+
+    def _count_the_rest(self) -> None:
+        """The engine stops at the next token; its result still counts in the metrics."""
+        for chunk in self.chunks:
+            if chunk.result is not None:
+                self.metrics.answered(chunk.result)
 
 
 class _Reply:
@@ -245,7 +270,7 @@ class _Reply:
 
 
 def _drain(first: GraftChunk | None, chunks: Iterator[GraftChunk]) -> GraftResult:
-    chunk = first if first is not None else next(chunks, None)
+    chunk = first
     while chunk is not None and chunk.result is None:
         chunk = next(chunks, None)
     if chunk is None or chunk.result is None:  # pragma: no cover - the engine always ends with a result
