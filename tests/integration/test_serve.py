@@ -126,51 +126,20 @@ def test_langchain_chat_openai(server, expected):
     assert "".join(c.content for c in chat.stream(QUESTION)) == expected[0].text
 
 
+ASK_Q = [{"role": "user", "content": "q"}]
+CHAT = "/v1/chat/completions"
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "headers", "status", "code"),
     [
-        ("post", "/v1/chat/completions", {"model": "kvgraft", "messages": []}, None, 400, None),
-        (
-            "post",
-            "/v1/chat/completions",
-            {"model": "kvgraft", "messages": [{"role": "user", "content": "q"}], "max_tokens": 0},
-            None,
-            400,
-            None,
-        ),  # fmt: skip
-        (
-            "post",
-            "/v1/chat/completions",
-            {"model": "kvgraft", "messages": [{"role": "user", "content": "q"}], "n": 2},
-            None,
-            400,
-            None,
-        ),  # fmt: skip
-        (
-            "post",
-            "/v1/chat/completions",
-            {"model": "kvgraft", "messages": [{"role": "assistant", "content": "q"}]},
-            None,
-            400,
-            None,
-        ),  # fmt: skip
-        (
-            "post",
-            "/v1/chat/completions",
-            {"model": "gpt-4o", "messages": [{"role": "user", "content": "q"}]},
-            None,
-            404,
-            "model_not_found",
-        ),  # fmt: skip
-        (
-            "post",
-            "/v1/completions",
-            {"model": "kvgraft", "prompt": "word " * 5000},
-            None,
-            400,
-            "context_length_exceeded",
-        ),  # fmt: skip
-        ("post", "/v1/chat/completions", b"{not json", None, 400, None),
+        ("post", CHAT, {"model": "kvgraft", "messages": []}, None, 400, None),
+        ("post", CHAT, {"model": "kvgraft", "messages": ASK_Q, "max_tokens": 0}, None, 400, None),
+        ("post", CHAT, {"model": "kvgraft", "messages": ASK_Q, "n": 2}, None, 400, None),
+        ("post", CHAT, {"model": "kvgraft", "messages": [{"role": "assistant", "content": "q"}]}, None, 400, None),
+        ("post", CHAT, {"model": "gpt-4o", "messages": ASK_Q}, None, 404, "model_not_found"),
+        ("post", "/v1/completions", {"model": "kvgraft", "prompt": "x " * 5000}, None, 400, "context_length_exceeded"),
+        ("post", CHAT, b"{not json", None, 400, None),
         ("get", "/v1/models", None, {"Authorization": "Bearer wrong"}, 401, "invalid_api_key"),
         ("get", "/metrics", None, {}, 401, "invalid_api_key"),
     ],
