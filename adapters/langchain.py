@@ -8,9 +8,13 @@ Construction: ``ChatKVGraft(library="lib/")`` with any llama.cpp or routing sett
 ``ChatKVGraft(engine=engine)`` to share an engine that is already loaded. Instances created from a
 library path share one engine per (library, llama.cpp context settings, embedder, key) through a
 process-wide pool, so creating many instances (as langchain-tests does) loads the model once. Routing
-(``threshold``, ``margin``, ``top_k``, ``guards``, ``fallback``) and generation (``temperature``,
-``max_tokens``, ``stop``, ``seed``) are passed with each request, never part of that key. An engine is
+(``threshold``, ``margin``, ``neighbors``, ``guards``, ``fallback``) and generation (``max_tokens``,
+``stop`` and every `SamplingParams` field: ``temperature``, ``top_k``, ``top_p``, ``min_p``, the
+penalties, ``seed``, ``grammar``) are passed with each request, never part of that key. An engine is
 closed when the last instance using it is released (`release`) or garbage-collected.
+
+Structured output (`ChatKVGraft.with_structured_output`) constrains decoding with a grammar made from
+the schema, as ChatOllama's ``format`` and llama-cpp-python's ``response_format`` do.
 
 Chat prompts: the last message must be a human one; it is the question, and the only text the router
 sees. System messages and earlier human/AI turns are rendered into the query suffix, after the grafted
@@ -21,10 +25,12 @@ packages refuse what they cannot send.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +47,7 @@ try:
         SystemMessage,
     )
     from langchain_core.messages.ai import UsageMetadata
+    from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
     from langchain_core.outputs import (
         ChatGeneration,
         ChatGenerationChunk,
@@ -50,6 +57,9 @@ try:
         LLMResult,
     )
     from langchain_core.retrievers import BaseRetriever
+    from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+    from langchain_core.utils.function_calling import convert_to_json_schema
+    from langchain_core.utils.pydantic import is_basemodel_subclass
     from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("the LangChain adapter needs langchain-core: pip install 'kvgraft-plugin[langchain]'") from exc
@@ -58,6 +68,7 @@ from .._config import EngineConfig
 from .._engine import GraftEngine, GraftResult
 from .._exceptions import ConfigError
 from .._messages import split_chat
+from .._sampling import SAMPLING_FIELDS, json_grammar, json_schema_grammar
 
 __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 
@@ -66,7 +77,7 @@ _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
     "swa_full", "embedder", "key_file",
 )  # fmt: skip
-_ROUTING_SETTINGS = ("threshold", "margin", "top_k", "guards", "fallback")
+_ROUTING_SETTINGS = ("threshold", "margin", "neighbors", "guards", "fallback")
 _PoolKey = tuple[str, EngineConfig]
 
 
@@ -82,6 +93,17 @@ class _EnginePool:
         self._engines: dict[_PoolKey, tuple[GraftEngine, int]] = {}
         self._lock = threading.Lock()
         self._pending: collections.deque[_PoolKey] = collections.deque()
+        # an engine still in use at exit is closed here, on the main thread, before the interpreter tears
+        # down; released from a finalizer's thread instead, the process aborted (exit status 134) in 4 of 5
+        atexit.register(self.close_all)
+
+    def close_all(self) -> None:
+        """Close every pooled engine, in use or not."""
+        with self._lock:
+            engines = [engine for engine, _ in self._engines.values()]
+            self._engines.clear()
+        for engine in engines:
+            engine.close()
 
     def acquire(self, library: str | None, config: EngineConfig) -> tuple[_PoolKey, GraftEngine]:
         key = (str(Path(library).resolve()) if library else "", config)
@@ -156,22 +178,38 @@ class _KVGraftMixin(BaseModel):
     """Flash attention (default off)."""
     swa_full: bool | None = None
     """Full-size sliding-window cache (default on: needed for exact grafts past ~1000 tokens)."""
-    seed: int | None = None
-    """Sampling seed."""
     embedder: str | None = None
     """sentence-transformers model name or path (default: the library's)."""
     threshold: float | None = None
     """Cosine threshold (default: the library's calibrated one)."""
     margin: float | None = None
     """Required gap between the two best scores."""
-    top_k: int | None = None
-    """Neighbours searched."""
+    neighbors: int | None = None
+    """Neighbours the router considers (default 4)."""
     guards: bool | None = None
     """Run the router's structural guards: a similar problem with another answer never grafts (default on)."""
     key_file: str | None = None
     """HMAC key file: only a library signed with it is used."""
-    temperature: float = 0.0
-    """0 is greedy; above 0 samples with ``seed``."""
+    temperature: float | None = None
+    """0 (default) is greedy; above 0 samples with ``seed``."""
+    top_k: int | None = None
+    """Sample from the k most likely tokens (default 0: off)."""
+    top_p: float | None = None
+    """Nucleus sampling (default 1: off)."""
+    min_p: float | None = None
+    """Drop tokens below ``min_p`` times the best one's probability (default 0: off)."""
+    repeat_penalty: float | None = None
+    """Repetition penalty over the last ``penalty_last_n`` tokens, context included (default 1: off)."""
+    presence_penalty: float | None = None
+    """Presence penalty (default 0: off)."""
+    frequency_penalty: float | None = None
+    """Frequency penalty (default 0: off)."""
+    penalty_last_n: int | None = None
+    """The penalties' window (default 64; -1: the whole context)."""
+    seed: int | None = None
+    """Sampling seed (default 0)."""
+    grammar: str | None = None
+    """GBNF grammar that constrains every answer (`with_structured_output` sets one per call)."""
     max_tokens: int = 64
     """Decode budget."""
     stop: list[str] | None = None
@@ -188,7 +226,8 @@ class _KVGraftMixin(BaseModel):
     def _validate_engine(self) -> _KVGraftMixin:
         if self.engine is not None and not isinstance(self.engine, GraftEngine):
             raise ConfigError(f"engine must be a GraftEngine, got {type(self.engine).__name__}")
-        EngineConfig().with_settings(**self._routing())  # refuse a bad threshold now, not at the first call
+        # refuse a bad threshold or temperature now, not at the first call
+        EngineConfig().with_settings(**self._routing(), **self._sampling())
         return self
 
     def _get_engine(self) -> GraftEngine:
@@ -198,6 +237,7 @@ class _KVGraftMixin(BaseModel):
             config = EngineConfig().with_settings(**{k: getattr(self, k) for k in _ENGINE_SETTINGS})
             key, self._engine = _POOL.acquire(self.library, config)
             self._release = weakref.finalize(self, _POOL.release_later, key)
+            self._release.atexit = False  # at exit the pool closes its engines itself (`close_all`)
         return self._engine
 
     def release(self) -> None:
@@ -213,6 +253,10 @@ class _KVGraftMixin(BaseModel):
         values = {k: kwargs.get(k, getattr(self, k)) for k in _ROUTING_SETTINGS}
         return {k: v for k, v in values.items() if v is not None}
 
+    def _sampling(self, **kwargs: Any) -> dict[str, Any]:
+        values = {k: kwargs.get(k, getattr(self, k)) for k in SAMPLING_FIELDS}
+        return {k: v for k, v in values.items() if v is not None}
+
     def _stream_result(
         self, question: str, stop: list[str] | None, **kwargs: Any
     ) -> Iterator[tuple[str, GraftResult | None]]:
@@ -223,12 +267,11 @@ class _KVGraftMixin(BaseModel):
             mode=kwargs.get("mode", self.mode),
             entry_id=kwargs.get("entry_id"),
             max_tokens=kwargs.get("max_tokens", self.max_tokens),
-            temperature=kwargs.get("temperature", self.temperature),
             stop=tuple(stops) if stops is not None else None,
-            seed=kwargs.get("seed", self.seed),
             system=kwargs.get("system"),
             history=kwargs.get("history", ()),
             routing=self._routing(**kwargs),
+            **self._sampling(**kwargs),
         ):
             yield chunk.text, chunk.result
 
@@ -239,7 +282,7 @@ class _KVGraftMixin(BaseModel):
             "library": self.library or (str(engine.library.path) if engine and engine.library else None),
             "model_path": str(engine.model_path) if engine else self.model_path,
             "mode": self.mode,
-            "temperature": self.temperature,
+            **self._sampling(),
             "max_tokens": self.max_tokens,
         }
 
@@ -364,6 +407,44 @@ class ChatKVGraft(_KVGraftMixin, BaseChatModel):
             usage_metadata=getattr(final.message, "usage_metadata", None),
         )
         return ChatResult(generations=[ChatGeneration(message=message, generation_info=final.generation_info)])
+
+    def with_structured_output(  # type: ignore[override]
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["json_schema", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        **kwargs: Any,
+    ) -> Runnable[Any, Any]:
+        """A runnable that answers with an object of ``schema`` (a pydantic class, a TypedDict or a JSON
+        Schema dict): a pydantic instance for a pydantic class, else a dict.
+
+        ``method="json_schema"`` (default, as ChatOllama's) decodes under a grammar that accepts exactly the
+        schema's documents; ``"json_mode"`` under one that accepts any JSON object (the prompt has to ask
+        for the keys), parsed with ``schema`` when one is given. ``include_raw=True`` returns
+        ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`` instead of raising on a parse error.
+        The grammar is one more sampling setting: a grafted answer still equals its text-RAG answer.
+        """
+        if kwargs:
+            raise ConfigError(f"unsupported arguments: {sorted(kwargs)}")
+        if method == "json_schema":
+            if schema is None:
+                raise ConfigError("method='json_schema' needs a schema")
+            grammar = json_schema_grammar(convert_to_json_schema(schema))
+        elif method == "json_mode":
+            grammar = json_grammar()
+        else:
+            raise ConfigError(f"method must be 'json_schema' or 'json_mode', got {method!r}")
+        llm = self.bind(grammar=grammar, ls_structured_output_format={"kwargs": {"method": method}, "schema": schema})
+        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        parser: Runnable[Any, Any] = (
+            PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()  # type: ignore[arg-type]
+        )
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        failed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
 
 
 class KVGraftLLM(_KVGraftMixin, BaseLLM):

@@ -27,6 +27,7 @@ import numpy as np
 from .._config import KV_TYPES, LlamaConfig
 from .._exceptions import BackendError, ConfigError, ContextOverflowError, IntegrityError
 from .._fingerprint import chunk_sizes
+from .._sampling import SamplingParams
 
 try:
     import llama_cpp
@@ -34,7 +35,7 @@ try:
 except ImportError as exc:  # pragma: no cover - llama-cpp-python is a core dependency
     raise ImportError("kvgraft needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36'") from exc
 
-__all__ = ["LlamaBackend", "SeqStateInfo", "inspect_seq_state", "llama_cpp_version"]
+__all__ = ["ChainSampler", "LlamaBackend", "SeqStateInfo", "inspect_seq_state", "llama_cpp_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +299,19 @@ class LlamaBackend:
         last chunk) depends only on ``len(tokens)``, so the same call sequence gives the same chunks on
         every route.
         """
+        self._feed(tokens)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def decode(self, token: int) -> None:
+        """Feed one decoded token; its logits stay in the context for `ChainSampler.sample`."""
+        self._feed((token,))
+
+    def sampler(self, params: SamplingParams, history: Sequence[int]) -> ChainSampler:
+        """A sampler chain for one request, its penalties primed with ``history`` (the context so far)."""
+        return ChainSampler(self, params, history)
+
+    def _feed(self, tokens: Sequence[int]) -> None:
         if not tokens:
             raise ConfigError("prefill needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
@@ -320,8 +334,6 @@ class LlamaBackend:
             if rc != 0:
                 raise BackendError(f"llama_decode failed with {rc} at position {self.n_past}")
             self.n_past += len(chunk)
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def capture_state(self) -> bytearray:
         """The whole KV cache, every cell, in sequence framing for `restore_state`.
@@ -382,6 +394,124 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+
+#: ``llama_token_data`` as a numpy record, for the candidate array a grammar step builds.
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+#: How many of the most likely tokens a greedy grammar step shows the grammar before it masks them all.
+_SHORTLIST = 1024
+
+
+class ChainSampler:
+    """llama.cpp's sampler chain for one request (`SamplingParams`), in llama.cpp's order: [penalties],
+    then greedy, or top-k, top-p, min-p, temperature and a seeded draw. Free it with `close`.
+
+    A grammar is a sampler of its own, used as llama.cpp's ``common_sampler`` does: the chain picks from
+    the whole vocabulary, and only when the grammar rejects that pick is the chain run again on the
+    tokens the grammar allows. This draws from the same constrained distribution as masking first, at a
+    fraction of the cost: masking Gemma 3's 262k tokens takes 60-400 ms a step. Greedy decoding without
+    penalties goes further: the answer is the most likely allowed token, so the grammar only has to
+    look at the best `_SHORTLIST` tokens, in order, before it masks the rest. Only the penalties are
+    primed with the history: it is context, not output the grammar has to match.
+    """
+
+    def __init__(self, backend: LlamaBackend, params: SamplingParams, history: Sequence[int]) -> None:
+        self._ctx = backend._ctx
+        self._n_vocab = backend.n_vocab
+        self._grammar = None
+        self._shortlist = params.greedy and not params.penalized
+        chain_params = llama_cpp.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        if params.grammar is not None:
+            self._grammar = llama_cpp.llama_sampler_init_grammar(backend._vocab, params.grammar.encode(), b"root")
+            if not self._grammar:
+                self.close()
+                raise ConfigError("llama.cpp could not parse the grammar (GBNF with a root rule named 'root')")
+            self._candidates = np.zeros(self._n_vocab, dtype=_TOKEN_DATA)
+            self._candidates["id"] = np.arange(self._n_vocab, dtype=np.int32)
+            self._one = llama_cpp.llama_token_data()
+        if params.penalized:
+            last_n = backend.n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
+            penalties = self._add(
+                llama_cpp.llama_sampler_init_penalties(
+                    backend.n_vocab, last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+                )
+            )
+            for token in history:
+                llama_cpp.llama_sampler_accept(penalties, token)
+        if params.greedy:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                self._add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            self._add(llama_cpp.llama_sampler_init_dist(params.seed))
+
+    def _add(self, sampler: Any) -> Any:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)  # the chain owns and frees it
+        return sampler
+
+    def sample(self) -> int:
+        """Choose the next token from the last token's logits, and record it in the chain (and grammar)."""
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, -1))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
+        token = self._pick(logits, constrained=False)
+        if not self._allowed(token, float(logits[token])):
+            token = (self._shortlist and self._best_allowed(logits)) or self._pick(logits, constrained=True)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _pick(self, logits: np.ndarray, *, constrained: bool) -> int:
+        """Run the chain (after the grammar's mask when ``constrained``) over every token; its choice."""
+        candidates = self._candidates
+        candidates["id"][:] = np.arange(self._n_vocab, dtype=np.int32)  # the chain may reorder them
+        candidates["logit"] = logits
+        candidates["p"] = 0.0
+        array = llama_cpp.llama_token_data_array(
+            data=candidates.ctypes.data_as(llama_cpp.llama_token_data_p), size=self._n_vocab, selected=-1, sorted=False
+        )
+        if constrained:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        if not 0 <= array.selected < array.size:
+            raise BackendError("the sampler chain selected no token")
+        return int(candidates["id"][array.selected])
+
+    def _best_allowed(self, logits: np.ndarray) -> int | None:
+        """The most likely token among the best `_SHORTLIST` that the grammar allows (``None``: none is)."""
+        best = np.argpartition(logits, -_SHORTLIST)[-_SHORTLIST:]
+        best = best[np.argsort(-logits[best], kind="stable")]  # ties: lower id first, as greedy takes
+        shortlist = np.zeros(_SHORTLIST, dtype=_TOKEN_DATA)
+        shortlist["id"], shortlist["logit"] = best, logits[best]
+        array = llama_cpp.llama_token_data_array(
+            data=shortlist.ctypes.data_as(llama_cpp.llama_token_data_p), size=_SHORTLIST, selected=-1, sorted=False
+        )
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        allowed = np.flatnonzero(np.isfinite(shortlist["logit"]))
+        return int(shortlist["id"][allowed[0]]) if len(allowed) else None
+
+    def _allowed(self, token: int, logit: float) -> bool:
+        """Whether the grammar accepts ``token`` next (it masks a rejected one to -inf)."""
+        self._one.id, self._one.logit, self._one.p = token, logit, 0.0
+        array = llama_cpp.llama_token_data_array(data=ctypes.pointer(self._one), size=1, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return bool(np.isfinite(self._one.logit))
+
+    def close(self) -> None:
+        """Free the chain, its samplers and the grammar."""
+        if self._chain:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+        if self._grammar:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
 
 
 def _apply_builtin_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:

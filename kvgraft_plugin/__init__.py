@@ -28,6 +28,7 @@ from ._exceptions import (
 )
 from ._index import Embedder, Hit, VectorIndex
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, read_source
+from ._sampling import SamplingParams, json_schema_grammar
 from ._template import TEMPLATE_VERSION, Entry
 
 __version__ = "0.1.0"
@@ -60,11 +61,13 @@ __all__ = [
     "NoMatchError",
     "QueryError",
     "RamStateCache",
+    "SamplingParams",
     "SignatureError",
     "SourceError",
     "StateError",
     "VectorIndex",
     "__version__",
     "build_library",
+    "json_schema_grammar",
     "read_source",
 ]

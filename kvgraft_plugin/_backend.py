@@ -12,7 +12,19 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Backend"]
+from ._sampling import SamplingParams
+
+__all__ = ["Backend", "TokenSampler"]
+
+
+class TokenSampler(Protocol):
+    """Chooses tokens for one request (`SamplingParams`); made by `Backend.sampler`."""
+
+    def sample(self) -> int:
+        """The next token, from the logits of the last token fed; it joins the sampler's history."""
+
+    def close(self) -> None:
+        """Free what the sampler holds."""
 
 
 class Backend(Protocol):
@@ -50,6 +62,12 @@ class Backend(Protocol):
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed ``tokens`` after the current position; the logits after the last one."""
+
+    def decode(self, token: int) -> None:
+        """Feed one decoded token; its logits are kept for the sampler."""
+
+    def sampler(self, params: SamplingParams, history: Sequence[int]) -> TokenSampler:
+        """A sampler for one request; ``history`` (the context so far) primes its penalties."""
 
     def capture_state(self) -> bytearray:
         """The sequence's whole KV state."""

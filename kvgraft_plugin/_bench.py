@@ -152,7 +152,7 @@ def _summary(
             "library": str(engine.library.path) if engine.library else None,
             "threshold": engine.threshold,
             "margin": engine.margin,
-            "top_k": engine.config.top_k,
+            "neighbors": engine.config.neighbors,
             "max_tokens": max_tokens or engine.config.max_tokens,
             **{k: v for k, v in engine.fingerprint.items() if k not in ("system_info", "gguf_sha256")},
         },

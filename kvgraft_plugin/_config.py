@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._exceptions import ConfigError
+from ._sampling import SAMPLING_FIELDS, SamplingParams
 
 __all__ = ["KV_TYPES", "EngineConfig", "LlamaConfig", "RouteMode"]
 
@@ -80,8 +81,6 @@ class LlamaConfig:
     max logit diff 0.49; exact with ``swa_full``). No effect on dense models."""
     n_gpu_layers: int = 0
     """Layers offloaded to a GPU (0 = CPU only)."""
-    seed: int = 0
-    """Seed for sampled decoding."""
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
@@ -123,12 +122,13 @@ class EngineConfig:
     that shares an entry's words but asks another problem must not graft. Off: cosine similarity alone."""
     match_check: str | Callable[..., bool] | None = None
     """Optional hook ``match_check(question, entry, score) -> bool`` (or ``"module:function"``), run last."""
-    top_k: int = 4
-    """How many neighbours the index returns."""
+    neighbors: int = 4
+    """How many neighbours the index returns for the router to consider."""
     max_tokens: int = 64
     """Decode budget per answer."""
-    temperature: float = 0.0
-    """0 decodes greedily; above 0 samples from the softmax at this temperature (seeded)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """How each token is chosen (greedy by default). Its fields are also flat settings (``temperature``,
+    ``top_p``, ``seed``, ...) of `with_settings` and of every request."""
     stop: tuple[str, ...] | None = None
     """Stop strings; the text ends before the first one. ``None``: the answer format's (the newline for
     ``answer``, the end-of-solution marker for ``solution``). Leading whitespace never stops an answer."""
@@ -152,12 +152,10 @@ class EngineConfig:
         check_threshold(self.threshold)
         if self.margin is not None and not 0.0 <= self.margin <= 2.0:
             raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
-        if self.top_k < 1:
-            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        if self.neighbors < 1:
+            raise ConfigError(f"neighbors must be >= 1, got {self.neighbors}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if self.cache_bytes < 0:
             raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         if self.fallback not in ("auto", "raise"):
@@ -174,15 +172,19 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
     def with_settings(self, **settings: Any) -> EngineConfig:
-        """Apply flat settings, each to `LlamaConfig` or `EngineConfig` by name; ``None`` keeps a default.
+        """Apply flat settings, each to `LlamaConfig`, `SamplingParams` or `EngineConfig` by name; ``None``
+        keeps a default.
 
         This is how the engine's keyword arguments, CLI options and LangChain fields become a config.
         """
         llama_names = {f.name for f in dataclasses.fields(LlamaConfig)}
         engine_names = {f.name for f in dataclasses.fields(EngineConfig)} - {"llama"}
-        unknown = set(settings) - llama_names - engine_names
+        unknown = set(settings) - llama_names - engine_names - SAMPLING_FIELDS
         if unknown:
             raise ConfigError(f"unknown settings: {sorted(unknown)}")
         given = {k: v for k, v in settings.items() if v is not None}
         llama = self.llama.replace(**{k: v for k, v in given.items() if k in llama_names})
-        return self.replace(llama=llama, **{k: v for k, v in given.items() if k in engine_names})
+        sampling = given.pop("sampling", self.sampling).replace(
+            **{k: v for k, v in given.items() if k in SAMPLING_FIELDS}
+        )
+        return self.replace(llama=llama, sampling=sampling, **{k: v for k, v in given.items() if k in engine_names})

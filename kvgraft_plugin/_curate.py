@@ -1,6 +1,7 @@
 """``kvgraft curate``: stash the frozen model's own verified solutions as library entries.
 
-Each problem is sampled up to N times with the plain template (no library), one fixed seed per attempt.
+Each problem is sampled up to N times with the plain template (no library), one fixed seed per attempt,
+with `CURATE_SAMPLING` unless told otherwise: top-p and min-p keep the attempts off the vocabulary's tail.
 The first answer the checker accepts against the known answer becomes the entry's solution. A problem
 solved once, at whatever cost, is then answered by a graft every time after.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from ._checks import Checker
 from ._engine import GraftEngine
 from ._exceptions import SourceError
+from ._sampling import CURATE_SAMPLING, SamplingParams
 from ._state import atomic_write
 from ._template import Entry
 
@@ -61,12 +63,15 @@ def curate(
     out: Path,
     *,
     attempts: int,
-    temperature: float,
     checker: Checker,
+    sampling: SamplingParams = CURATE_SAMPLING,
     stop_at_first: bool = True,
     progress: Callable[[int], Any] | None = None,
 ) -> list[CurateReport]:
-    """Sample, verify, and write a library source of the verified solutions to ``out``."""
+    """Sample, verify, and write a library source of the verified solutions to ``out``.
+
+    Attempt ``i`` samples with ``sampling`` and seed ``sampling.seed + i``, so a rerun makes the same
+    attempts."""
     entries: list[Entry] = []
     reports: list[CurateReport] = []
     for problem in problems:
@@ -74,7 +79,7 @@ def curate(
         kept: str | None = None
         report = CurateReport(problem["id"], 0, 0, 0, 0, False)
         for attempt in range(attempts):
-            result = engine.ask(problem["problem"], mode="plain", temperature=temperature, seed=attempt)
+            result = engine.ask(problem["problem"], mode="plain", sampling=sampling, seed=sampling.seed + attempt)
             report.attempts += 1
             report.decode_tokens += result.decode_tokens
             report.prefill_tokens += result.prefill_tokens

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._backend import Backend
+from ._backend import Backend, TokenSampler
 from ._config import KV_TYPES, EngineConfig, LlamaConfig, RouteMode
 from ._exceptions import (
     BackendError,
@@ -47,6 +47,7 @@ from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_ind
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key, source_sha256, visible
 from ._models import bundled_model_path, file_sha256
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
+from ._sampling import SAMPLING_FIELDS, SamplingParams
 from ._state import FORMAT_VERSION, SavedState
 from ._template import AnswerFormat, Entry, Prompt, Template, TemplateKind, make_template
 from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
@@ -58,7 +59,7 @@ T = TypeVar("T")
 
 ROUTES = ("graft", "text-rag", "plain")
 #: Settings a request may override (``stream(routing=...)``): they change the route, never the KV bytes.
-ROUTING_SETTINGS = frozenset({"threshold", "margin", "top_k", "guards", "match_check", "fallback"})
+ROUTING_SETTINGS = frozenset({"threshold", "margin", "neighbors", "guards", "match_check", "fallback"})
 FALLBACK_CODES = ("no-match", "integrity", "incompatible", "inexact", "too-long", "unsigned", "missing")
 
 
@@ -138,7 +139,7 @@ class GraftEngine:
         library: library folder (built by ``kvgraft build``), or ``None`` for plain decoding only.
         config: full configuration; keyword ``overrides`` are applied on top of it. Any
             `LlamaConfig` field (``n_ctx``, ``n_threads``, ``n_gpu_layers``, ``model_path``...) and any
-            `EngineConfig` field (``threshold``, ``top_k``, ``max_tokens``, ``key_file``...) is accepted.
+            `EngineConfig` field (``threshold``, ``neighbors``, ``max_tokens``, ``key_file``...) is accepted.
         state_cache: where verified state bytes are kept between requests; an LRU of
             ``config.cache_bytes`` by default.
         backend: a ready model runtime (see `Backend`) instead of loading ``model_path`` with llama.cpp;
@@ -267,7 +268,7 @@ class GraftEngine:
         if index is None or self.library is None:
             return None
         threshold, margin = self._threshold(config), self._margin(config)
-        key = (threshold, margin, config.top_k, config.guards, config.match_check)
+        key = (threshold, margin, config.neighbors, config.guards, config.match_check)
         router = self._routers.get(key)
         if router is None:
             entries = {k: r.entry for k, r in self.library.entries.items()}
@@ -277,7 +278,7 @@ class GraftEngine:
                 entries,
                 threshold=threshold,
                 margin=margin,
-                top_k=config.top_k,
+                neighbors=config.neighbors,
                 guards=DEFAULT_GUARDS if config.guards else (),
                 match_check=load_match_check(config.match_check),
             )
@@ -432,7 +433,7 @@ class GraftEngine:
             index = self.index
             if index is None:
                 return []
-            return index.search(self.embedder.encode([question])[0], k or self.config.top_k)
+            return index.search(self.embedder.encode([question])[0], k or self.config.neighbors)
 
         return self._on_worker(run)
 
@@ -451,13 +452,13 @@ class GraftEngine:
         mode: RouteMode = "auto",
         entry_id: str | None = None,
         max_tokens: int | None = None,
-        temperature: float | None = None,
         stop: tuple[str, ...] | list[str] | None = None,
-        seed: int | None = None,
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
         routing: Mapping[str, Any] | None = None,
         cancel: threading.Event | None = None,
+        sampling: SamplingParams | None = None,
+        **sampling_fields: Any,
     ) -> Iterator[GraftChunk]:
         """Answer ``question``, yielding text as it is decoded; the last chunk carries the result.
 
@@ -465,9 +466,12 @@ class GraftEngine:
         or plain decoding (no match, too long); ``graft``/``text-rag`` force a route for the matched
         (or ``entry_id``) entry; ``plain`` never uses the library. ``system`` and ``history`` (earlier
         question/answer turns) are rendered into the suffix; routing uses ``question`` alone.
-        ``routing`` overrides `ROUTING_SETTINGS` (``threshold``, ``margin``, ``top_k``, ``guards``,
+        ``routing`` overrides `ROUTING_SETTINGS` (``threshold``, ``margin``, ``neighbors``, ``guards``,
         ``match_check``, ``fallback``) for this request only. Setting ``cancel`` (from any thread) stops
         decoding at the next token, as closing the iterator does; the result then ends there.
+        ``sampling`` (default: the config's) chooses the tokens; any of its fields given as a keyword
+        (``temperature=0.8, seed=3, top_p=0.9, repeat_penalty=1.1, grammar=...``) overrides it. With a
+        grammar and no ``stop``, decoding ends where the grammar does.
         """
         self._check_open()
         config = self._request_config(routing)
@@ -477,12 +481,13 @@ class GraftEngine:
         budget = max_tokens if max_tokens is not None else self.config.max_tokens
         if budget < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {budget}")
-        settings = {
-            "max_tokens": budget,
-            "temperature": self.config.temperature if temperature is None else temperature,
-            "stop": tuple(s for s in (self._default_stop() if stop is None else stop) if s),
-            "seed": self.config.llama.seed if seed is None else seed,
-        }
+        unknown = set(sampling_fields) - SAMPLING_FIELDS
+        if unknown:
+            raise ConfigError(f"unknown keyword arguments: {sorted(unknown)}")
+        params = (sampling or self.config.sampling).replace(**sampling_fields)
+        if stop is None:
+            stop = () if params.grammar is not None and self.config.stop is None else self._default_stop()
+        settings = {"max_tokens": budget, "stop": tuple(s for s in stop if s), "sampling": params}
         chunks: queue.SimpleQueue[GraftChunk | BaseException | None] = queue.SimpleQueue()
         cancel = cancel if cancel is not None else threading.Event()
 
@@ -539,7 +544,7 @@ class GraftEngine:
 
         plan = self._plan(question, config, suffix, mode, entry_id, settings["max_tokens"], phases)
         try:
-            logits = self._prefill(plan, phases)
+            self._prefill(plan, phases)
         except BackendError as exc:
             if plan.state is None or plan.record is None:
                 raise
@@ -554,10 +559,16 @@ class GraftEngine:
                 state=None,
                 reason=f"integrity: llama.cpp refused the state of {plan.record.id} ({exc})",
             )
-            logits = self._prefill(plan, phases)
+            self._prefill(plan, phases)
         if plan.max_tokens is not None:
             settings["max_tokens"] = plan.max_tokens
-        yield from self._decode(plan, logits, start=start, phases=phases, cancel=cancel, **settings)
+        # the sampler's history is the whole context, restored or prefilled: the same ids on every route
+        context = list(plan.state.tokens) + plan.tokens if plan.state is not None else plan.tokens
+        sampler = self.backend.sampler(settings.pop("sampling"), context)
+        try:
+            yield from self._decode(plan, sampler, start=start, phases=phases, cancel=cancel, **settings)
+        finally:
+            sampler.close()
 
     def _plan(
         self,
@@ -661,7 +672,7 @@ class GraftEngine:
         if set(info.k_types) != {KV_TYPES[llama.type_k]} or set(info.v_types) != {KV_TYPES[llama.type_v]}:
             raise IncompatibleStateError(f"state KV types {info.k_types}/{info.v_types} differ from the runtime's")
 
-    def _prefill(self, plan: _Plan, phases: dict[str, float]) -> np.ndarray:
+    def _prefill(self, plan: _Plan, phases: dict[str, float]) -> None:
         """Restore the state (graft) or clear the cache, then prefill.
 
         Text RAG and plain prefill the prefix, then the suffix: the same ids in the same
@@ -677,33 +688,29 @@ class GraftEngine:
         n_prefix = len(plan.tokens) - plan.n_suffix
         if n_prefix:
             backend.prefill(plan.tokens[:n_prefix])
-        logits = backend.prefill(plan.tokens[n_prefix:])
+        backend.prefill(plan.tokens[n_prefix:])
         phases["restore"] = _ms(t0, t1)
         phases["prefill"] = _ms(t1, time.perf_counter())
-        return logits
 
     def _decode(
         self,
         plan: _Plan,
-        logits: np.ndarray,
+        sampler: TokenSampler,
         *,
         start: float,
         phases: dict[str, float],
         cancel: threading.Event,
         max_tokens: int,
-        temperature: float,
         stop: tuple[str, ...],
-        seed: int,
     ) -> Iterator[GraftChunk]:
         """Decode until a stop string, an end-of-generation token, the budget or the context ends."""
         backend = self.backend
-        rng = np.random.default_rng(seed)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text, final, emitted, n_decoded, ttft = "", "", 0, 0, 0.0
         finish = "length"
         t_first = time.perf_counter()
         while n_decoded < max_tokens and backend.n_past < backend.n_ctx and not cancel.is_set():
-            token = _sample(logits, temperature, rng)
+            token = sampler.sample()
             n_decoded += 1
             if n_decoded == 1:
                 ttft = _ms(start, time.perf_counter())
@@ -724,7 +731,7 @@ class GraftEngine:
             if cut >= 0:
                 break
             if n_decoded < max_tokens:
-                logits = backend.prefill([token])
+                backend.decode(token)
         if finish == "length" and cancel.is_set():
             finish = "cancelled"
         if finish != "stop":
@@ -851,15 +858,6 @@ def _restore_diff(
         return 0.0
     diff = float(np.max(np.abs(reference - grafted)))
     return diff if diff > 0 else float("nan")  # unequal but no finite gap: NaNs, never "exact"
-
-
-def _sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    return int(rng.choice(len(p), p=p))
 
 
 def _held_back(text: str, stop: tuple[str, ...]) -> int:

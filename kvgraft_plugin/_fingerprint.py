@@ -24,7 +24,6 @@ __all__ = ["HARMLESS", "MUST_MATCH", "PREFILL_CHUNKING", "chunk_sizes"]
 #: LlamaConfig fields left out of the fingerprint, each with the measurement that put it there.
 HARMLESS: dict[str, str] = {
     "model_path": "the model is pinned by its sha256 instead",
-    "seed": "only sampling uses it; the saved KV is the same",
     "n_threads": "KV bytes and prefill logits bitwise equal at 1, 2, 4, 8 threads (no 1-token chunk)",
     "n_ctx": "a state built at 4096 restores into 8192 and continues bitwise equal to text RAG there",
 }

@@ -209,7 +209,7 @@ class Router:
         entries: entry id -> `Entry`.
         threshold: minimum cosine similarity for a candidate.
         margin: minimum gap between a candidate's score and the best other entry's (0 disables it).
-        top_k: how many neighbours are considered.
+        neighbors: how many neighbours are considered.
         guards: structural guards, run in order on each candidate (`DEFAULT_GUARDS`; ``()`` disables them).
         match_check: optional user hook ``(question, entry, score) -> bool``, run last.
     """
@@ -222,12 +222,12 @@ class Router:
         *,
         threshold: float,
         margin: float = 0.0,
-        top_k: int = 4,
+        neighbors: int = 4,
         guards: Sequence[tuple[str, Guard]] = DEFAULT_GUARDS,
         match_check: MatchCheck | None = None,
     ) -> None:
         self._embed, self._search, self._entries = embed, search, entries
-        self.threshold, self.margin, self.top_k = threshold, margin, top_k
+        self.threshold, self.margin, self.neighbors = threshold, margin, neighbors
         self.guards = tuple(guards)
         self.match_check = match_check
 
@@ -236,7 +236,7 @@ class Router:
         t0 = time.perf_counter()
         vector = self._embed([question])[0]
         t1 = time.perf_counter()
-        hits = list(self._search(vector, max(self.top_k, 2)))
+        hits = list(self._search(vector, max(self.neighbors, 2)))
         phases = {"embed": (t1 - t0) * 1e3, "search": (time.perf_counter() - t1) * 1e3}
         if not hits:
             return NoMatch("the library is empty", phases_ms=phases)
@@ -245,7 +245,7 @@ class Router:
         hits = [(entry_id, score) for entry_id, score in hits if entry_id in self._entries]  # mid-prune
         if not hits:
             return NoMatch("the index lists no entry of the manifest", phases_ms=phases)
-        for i, (entry_id, score) in enumerate(hits[: self.top_k]):
+        for i, (entry_id, score) in enumerate(hits[: self.neighbors]):
             if score < self.threshold:
                 if i == 0:
                     reason = f"best score {score:.3f} < threshold {self.threshold:.3f}"
@@ -261,11 +261,11 @@ class Router:
         return NoMatch(first_refusal or "no candidate", hits[0][1], tuple(trail), phases)
 
     def explain(self, question: str) -> list[tuple[str, float, str | None]]:
-        """Every one of the ``top_k`` neighbours with its score and what the guards said (``None``: passed),
+        """Every one of the ``neighbors`` neighbours with its score and what the guards said (``None``: passed),
         ignoring the threshold. `route` takes the first that passes and clears the threshold."""
-        hits = list(self._search(self._embed([question])[0], max(self.top_k, 2)))
+        hits = list(self._search(self._embed([question])[0], max(self.neighbors, 2)))
         out = []
-        for entry_id, score in hits[: self.top_k]:
+        for entry_id, score in hits[: self.neighbors]:
             runner_up = next((s for other, s in hits if other != entry_id), None)
             candidate = Candidate(question, self._entries[entry_id], score, runner_up)
             out.append((entry_id, score, self._check(candidate, [])))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import click
 
 from ._config import KV_TYPES, EngineConfig
 from ._exceptions import KVGraftError, QueryError, SourceError
+from ._sampling import CURATE_SAMPLING, SamplingParams, json_schema_grammar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,7 +66,7 @@ def routing_options(func: F) -> F:
         click.option(
             "--margin", type=float, help="Required gap to the best other entry's score (default: the library's)."
         ),
-        click.option("--top-k", type=int, help="Neighbours searched."),
+        click.option("--neighbors", type=int, help="Neighbours the router considers (default 4)."),
         click.option(
             "--guards/--no-guards",
             default=None,
@@ -92,6 +94,56 @@ def stop_option(func: F) -> F:
         help="Stop string, repeatable (default: the format's: newline for answer, the end marker for solution). "
         "In bash, $'\\n' is a newline.",
     )(func)
+
+
+def sampling_options(**defaults: Any) -> Callable[[F], F]:
+    """How tokens are chosen (`SamplingParams`); ``defaults`` are the command's own (else the engine's).
+
+    ``--grammar-file`` and ``--json-schema`` reach the command as one ``grammar`` option (GBNF text)."""
+
+    def decorate(func: F) -> F:
+        def option(name: str, kind: Any, text: str, usual: str) -> Callable[[F], F]:
+            default = defaults.get(name.lstrip("-").replace("-", "_"))
+            if default is not None:
+                return click.option(name, type=kind, default=default, show_default=True, help=f"{text}.")
+            return click.option(name, type=kind, help=f"{text} (default {usual}).")
+
+        options = [
+            option("--temperature", float, "0 decodes greedily; above 0 samples", "0"),
+            option("--top-k", int, "Sample from the k most likely tokens", "0: off"),
+            option("--top-p", float, "Nucleus sampling", "1: off"),
+            option("--min-p", float, "Drop tokens below min-p times the best one's probability", "0: off"),
+            option("--repeat-penalty", float, "Repetition penalty", "1: off"),
+            option("--presence-penalty", float, "Presence penalty", "0: off"),
+            option("--frequency-penalty", float, "Frequency penalty", "0: off"),
+            option("--penalty-last-n", int, "The penalties' window, context included", "64; -1: all"),
+            option("--seed", int, "Sampling seed", "0"),
+            click.option(
+                "--grammar-file",
+                type=click.Path(exists=True, dir_okay=False),
+                help="GBNF grammar every answer matches.",
+            ),
+            click.option("--json-schema", help="JSON Schema (inline JSON) every answer matches, as a grammar."),
+        ]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, grammar_file: str | None, json_schema: str | None, **kwargs: Any) -> Any:
+            if grammar_file is not None and json_schema is not None:
+                raise click.UsageError("give --grammar-file or --json-schema, not both")
+            if json_schema is not None:
+                kwargs["grammar"] = json_schema_grammar(json_schema)
+            elif grammar_file is not None:
+                kwargs["grammar"] = Path(grammar_file).read_text(encoding="utf-8")
+            else:
+                kwargs["grammar"] = None
+            return func(*args, **kwargs)
+
+        decorated: Any = wrapper
+        for add in reversed(options):
+            decorated = add(decorated)
+        return decorated  # type: ignore[no-any-return]
+
+    return decorate
 
 
 def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
@@ -258,6 +310,7 @@ def _read_queries(path: str) -> list[dict[str, Any]]:
 @click.option("--max-tokens", type=int, help="Decode budget (default 64).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per answer.")
 @routing_options
+@sampling_options()
 @stop_option
 @llama_options
 def ask(
@@ -548,7 +601,6 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
 @main.command()
 @click.argument("problems", type=click.Path(exists=True, dir_okay=False))
 @click.option("--attempts", type=int, default=4, show_default=True)
-@click.option("--temperature", type=float, default=0.8, show_default=True)
 @click.option(
     "--checker",
     help="'tests' (each problem's own tests; the default when a problem has no answer) or module:function "
@@ -556,18 +608,20 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
 )
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Library source JSONL to write.")
 @click.option("--max-tokens", type=int, help="Decode budget per attempt.")
+@sampling_options(**{k: v for k, v in vars(CURATE_SAMPLING).items() if v != getattr(SamplingParams(), k)})
 @stop_option
 @llama_options
 def curate(
     problems: str,
     attempts: int,
-    temperature: float,
     checker: str | None,
     out: str,
     max_tokens: int | None,
     **options: Any,
 ) -> None:
-    """Sample the frozen model on PROBLEMS and keep only solutions the checker verifies."""
+    """Sample the frozen model on PROBLEMS and keep only solutions the checker verifies.
+
+    Attempt i samples with seed --seed + i."""
     from tqdm import tqdm
 
     from ._checks import load_checker
@@ -587,7 +641,7 @@ def curate(
             rows,
             Path(out),
             attempts=attempts,
-            temperature=temperature,
+            sampling=engine.config.sampling,
             checker=load_checker(checker or ("tests" if code else None)),
             progress=bar.update,
         )

@@ -150,9 +150,8 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
         slots.enter()
         cancel = threading.Event()
         chunks: Iterator[GraftChunk] = engine.stream(
-            question, max_tokens=body.budget, temperature=body.temperature, stop=body.stop, seed=body.seed,
-            cancel=cancel, **chat,
-        )  # fmt: skip
+            question, max_tokens=body.budget, stop=body.stop, cancel=cancel, **body.sampling, **chat
+        )
         try:
             first = await anyio.to_thread.run_sync(next, chunks, None)  # errors before any token: an HTTP error
         except BaseException as exc:

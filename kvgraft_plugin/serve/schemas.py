@@ -1,16 +1,20 @@
 """OpenAI request bodies as ``kvgraft serve`` accepts them, and its response pieces.
 
 A field OpenAI defines but kvgraft cannot honour is refused with a 400 when it asks for something other
-than the default (``n=2``, ``logprobs=true``, tools), never silently dropped.
+than the default (``n=2``, ``logprobs=true``, tools), never silently dropped. Sampling follows OpenAI's
+fields (``temperature``, ``top_p``, the penalties, ``seed``, ``response_format`` with ``json_object`` or
+``json_schema``) plus llama.cpp server's ``top_k``, ``min_p`` and ``repeat_penalty``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .._engine import GraftResult
+from .._exceptions import ConfigError
+from .._sampling import SamplingParams, json_grammar, json_schema_grammar
 
 __all__ = ["ChatRequest", "CompletionRequest", "Message", "error_body", "kvgraft_object", "usage"]
 
@@ -26,11 +30,7 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "top_p": (None, 1, 1.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
 }
 #: Fields that change nothing here and are accepted as they come.
 _IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "stream_options"}
@@ -43,8 +43,15 @@ class _Request(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=32768)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
     temperature: float | None = Field(default=None, ge=0, le=2)
-    stop: str | list[str] | None = None
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(default=None, gt=0)
     seed: int | None = None
+    response_format: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
 
@@ -58,6 +65,36 @@ class _Request(BaseModel):
             if value not in _DEFAULT_ONLY[name]:
                 raise ValueError(f"unsupported value for {name!r}: {value!r} (kvgraft supports only the default)")
         return self
+
+    _sampling: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> _Request:
+        names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty")
+        asked = {name: getattr(self, name) for name in (*names, "seed")}
+        self._sampling = {k: v for k, v in asked.items() if v is not None} | self._grammar()
+        try:
+            SamplingParams().replace(**self._sampling)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling settings asked for, as `GraftEngine.stream` keywords (unset ones left out)."""
+        return self._sampling
+
+    def _grammar(self) -> dict[str, str]:
+        """``response_format`` as a grammar: ``json_object`` any JSON object, ``json_schema`` its schema."""
+        kind = (self.response_format or {"type": "text"}).get("type")
+        if kind == "text":
+            return {}
+        if kind == "json_object":
+            return {"grammar": json_grammar()}
+        schema = (self.response_format or {}).get("json_schema", {}).get("schema")
+        if kind == "json_schema" and isinstance(schema, dict):
+            return {"grammar": json_schema_grammar(schema)}
+        raise ValueError("response_format must be text, json_object, or json_schema with a json_schema.schema object")
 
     @field_validator("stop")
     @classmethod

@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from kvgraft_plugin import SamplingParams
 from kvgraft_plugin._bench import run_bench
 from kvgraft_plugin._build import build_library
 from kvgraft_plugin._curate import curate
@@ -147,7 +148,7 @@ def test_curate_keeps_only_verified_solutions_and_builds(gemma, tmp_path):
     out = tmp_path / "curated.jsonl"
     from kvgraft_plugin._checks import default_check
 
-    reports = curate(gemma, problems, out, attempts=2, temperature=0.0, checker=default_check)
+    reports = curate(gemma, problems, out, attempts=2, sampling=SamplingParams(), checker=default_check)
     by_id = {r.id: r for r in reports}
     assert by_id["avg"].kept and by_id["avg"].successes >= 1 and by_id["avg"].attempts == 1
     assert not by_id["hard"].kept and by_id["hard"].attempts == 2 and by_id["hard"].decode_tokens > 0

@@ -76,7 +76,7 @@ def test_instances_share_one_engine(engine):
     """Generation and routing settings travel with each request: they never load a second model."""
     assert ChatKVGraft(**params(), temperature=0.5, seed=3)._get_engine() is engine
     assert KVGraftLLM(**params(), max_tokens=5)._get_engine() is engine
-    assert ChatKVGraft(**params(), threshold=0.99, margin=0.1, top_k=2, guards=False)._get_engine() is engine
+    assert ChatKVGraft(**params(), threshold=0.99, margin=0.1, neighbors=2, guards=False, top_k=40, top_p=0.9)._get_engine() is engine
     assert ChatKVGraft(engine=engine)._get_engine() is engine
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from kvgraft_plugin import ConfigError, EngineConfig, LlamaConfig
+from kvgraft_plugin import ConfigError, EngineConfig, LlamaConfig, SamplingParams
 
 
 def test_defaults_are_valid():
@@ -26,12 +26,47 @@ def test_bad_llama_settings_raise(kwargs):
         LlamaConfig(**kwargs)
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"threshold": 1.5}, {"top_k": 0}, {"max_tokens": 0}, {"temperature": -1}, {"fallback": "maybe"}]
-)
+@pytest.mark.parametrize("kwargs", [{"threshold": 1.5}, {"neighbors": 0}, {"max_tokens": 0}, {"fallback": "maybe"}])
 def test_bad_engine_settings_raise(kwargs):
     with pytest.raises(ConfigError):
         EngineConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": -1},
+        {"temperature": float("nan")},
+        {"top_k": -1},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"min_p": 2.0},
+        {"repeat_penalty": 0.0},
+        {"penalty_last_n": -2},
+        {"seed": -1},
+        {"seed": 2**32 - 1},
+        {"seed": 1.5},
+        {"grammar": "  "},
+        {"top_k": True},
+    ],
+)
+def test_bad_sampling_settings_raise(kwargs):
+    with pytest.raises(ConfigError):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_settings_are_flat_settings_too():
+    config = EngineConfig().with_settings(temperature=0.8, top_k=40, seed=3, neighbors=2)
+    assert config.sampling == SamplingParams(temperature=0.8, top_k=40, seed=3) and config.neighbors == 2
+    assert config.with_settings(top_p=0.9).sampling == SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3)
+    assert EngineConfig().with_settings(sampling=SamplingParams(seed=7), top_p=0.5).sampling.top_p == 0.5
+    assert SamplingParams().greedy and not SamplingParams().penalized
+    assert (
+        SamplingParams(repeat_penalty=1.1).penalized
+        and not SamplingParams(repeat_penalty=1.1, penalty_last_n=0).penalized
+    )
+    with pytest.raises(ConfigError, match="not a sampling setting"):
+        SamplingParams().replace(top_kk=1)
 
 
 def test_quantized_v_needs_flash_attention():
@@ -40,13 +75,13 @@ def test_quantized_v_needs_flash_attention():
 
 def test_replace_validates():
     with pytest.raises(ConfigError):
-        EngineConfig().replace(top_k=-3)
+        EngineConfig().replace(neighbors=-3)
 
 
 def test_with_settings_splits_flat_settings_and_keeps_defaults_for_none():
-    config = EngineConfig().with_settings(n_ctx=2048, type_k="q8_0", threshold=0.6, stop="END", top_k=None)
+    config = EngineConfig().with_settings(n_ctx=2048, type_k="q8_0", threshold=0.6, stop="END", neighbors=None)
     assert config.llama.n_ctx == 2048 and config.llama.type_k == "q8_0"
-    assert config.threshold == 0.6 and config.stop == ("END",) and config.top_k == 4
+    assert config.threshold == 0.6 and config.stop == ("END",) and config.neighbors == 4
     with pytest.raises(ConfigError, match="unknown settings"):
         EngineConfig().with_settings(n_ctxx=1)
     with pytest.raises(ConfigError):

@@ -19,6 +19,7 @@ from kvgraft_plugin import (
     GraftEngine,
     LibraryError,
     NoMatchError,
+    SamplingParams,
 )
 
 EOG, BOS = 256, 257
@@ -65,9 +66,16 @@ class ScriptedBackend:
         self.n_past += len(tokens)
         self.cursor = 0 if len(tokens) > 1 else self.cursor + 1
         time.sleep(self.step_seconds)
-        logits = np.zeros(self.n_vocab, dtype=np.float32)
-        logits[self.script[self.cursor] if self.cursor < len(self.script) else EOG] = 1.0
-        return logits
+        self.logits = np.zeros(self.n_vocab, dtype=np.float32)
+        self.logits[self.script[self.cursor] if self.cursor < len(self.script) else EOG] = 1.0
+        return self.logits
+
+    def decode(self, token: int) -> None:
+        self.logits = self.prefill([token])
+
+    def sampler(self, params, history: Sequence[int]) -> Greedy:
+        self.history = list(history)
+        return Greedy(self)
 
     def capture_state(self) -> bytearray:
         return bytearray(self.n_past.to_bytes(4, "little"))
@@ -77,6 +85,19 @@ class ScriptedBackend:
 
     def close(self) -> None:
         self.closed = True
+
+
+class Greedy:
+    """The scripted model's sampler: its most likely token."""
+
+    def __init__(self, backend: ScriptedBackend) -> None:
+        self.backend = backend
+
+    def sample(self) -> int:
+        return int(np.argmax(self.backend.logits))
+
+    def close(self) -> None:
+        self.backend.sampler_closed = True
 
 
 @pytest.fixture
@@ -208,7 +229,7 @@ def test_curate_keeps_code_that_passes_its_tests(make, tmp_path):
         {"id": "triple", "problem": "def triple(x):\n    '''Three times x.'''", "tests": "assert triple(3) == 9"},
     ]
     out = tmp_path / "curated.jsonl"
-    reports = curate(engine, problems, out, attempts=2, temperature=0.0, checker=load_checker("tests"))
+    reports = curate(engine, problems, out, attempts=2, sampling=SamplingParams(), checker=load_checker("tests"))
     assert [(r.id, r.kept, r.attempts) for r in reports] == [("double", True, 1), ("triple", False, 2)]
     (entry,) = read_source(out)
     assert entry.solution == "    return 2 * x" and entry.tests == "assert double(3) == 6" and entry.answer is None

@@ -41,7 +41,7 @@ def test_a_finalizer_that_fires_inside_acquire_does_not_deadlock(monkeypatch):
     monkeypatch.setattr(adapter, "GraftEngine", make)
     key, engine = pool.acquire(None, EngineConfig())
     first.append(key)
-    worker = threading.Thread(target=pool.acquire, args=(None, EngineConfig(top_k=2)), daemon=True)
+    worker = threading.Thread(target=pool.acquire, args=(None, EngineConfig(neighbors=2)), daemon=True)
     worker.start()
     worker.join(10)
     assert not worker.is_alive(), "acquire deadlocked on a release from a finalizer"

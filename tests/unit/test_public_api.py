@@ -31,12 +31,14 @@ def test_all_is_pinned():
             "NoMatchError",
             "QueryError",
             "RamStateCache",
+            "SamplingParams",
             "SignatureError",
             "SourceError",
             "StateError",
             "VectorIndex",
             "__version__",
             "build_library",
+            "json_schema_grammar",
             "read_source",
         ]
     )
