@@ -412,29 +412,32 @@ class ChatKVGraft(_KVGraftMixin, BaseChatModel):
         self,
         schema: dict[str, Any] | type | None = None,
         *,
-        method: Literal["json_schema", "json_mode"] = "json_schema",
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
         include_raw: bool = False,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[Any, Any]:
         """A runnable that answers with an object of ``schema`` (a pydantic class, a TypedDict or a JSON
         Schema dict): a pydantic instance for a pydantic class, else a dict.
 
         ``method="json_schema"`` (default, as ChatOllama's) decodes under a grammar that accepts exactly the
-        schema's documents; ``"json_mode"`` under one that accepts any JSON object (the prompt has to ask
-        for the keys), parsed with ``schema`` when one is given. ``include_raw=True`` returns
+        schema's documents; there is no tool calling, so ``"function_calling"`` does the same (what a
+        forced tool call's arguments would be). ``"json_mode"`` decodes under a grammar that accepts any
+        JSON object (the prompt has to ask for the keys), parsed with ``schema`` when one is given. Output
+        is always strictly valid, whatever ``strict`` says. ``include_raw=True`` returns
         ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`` instead of raising on a parse error.
         The grammar is one more sampling setting: a grafted answer still equals its text-RAG answer.
         """
         if kwargs:
             raise ConfigError(f"unsupported arguments: {sorted(kwargs)}")
-        if method == "json_schema":
+        if method in ("json_schema", "function_calling"):
             if schema is None:
-                raise ConfigError("method='json_schema' needs a schema")
+                raise ConfigError(f"method={method!r} needs a schema")
             grammar = json_schema_grammar(convert_to_json_schema(schema))
         elif method == "json_mode":
             grammar = json_grammar()
         else:
-            raise ConfigError(f"method must be 'json_schema' or 'json_mode', got {method!r}")
+            raise ConfigError(f"method must be 'json_schema', 'function_calling' or 'json_mode', got {method!r}")
         llm = self.bind(grammar=grammar, ls_structured_output_format={"kwargs": {"method": method}, "schema": schema})
         pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         parser: Runnable[Any, Any] = (

@@ -2,7 +2,8 @@
 
 For each prefix length: the restore against a numpy copy of the same bytes, TTFT of graft, text RAG
 and plain with their phases, and bytes on disk per token against the f16 KV bound. ``--sweep`` adds a
-longer bitwise sweep of prefix and query lengths than the test suite runs.
+longer bitwise sweep of prefix and query lengths than the test suite runs. ``--decode`` measures the decode
+loop's token rate per sampler (`decode_rates`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,19 @@ import numpy as np
 
 from ._backend import Backend
 from ._engine import GraftEngine
+from ._sampling import SamplingParams
 from ._template import render_preamble, render_query
 
-__all__ = ["bench_graft", "exactness_sweep"]
+__all__ = ["bench_graft", "decode_rates", "exactness_sweep"]
+
+#: The samplers `decode_rates` compares, besides numpy's argmax over a copy of the logits (the engine's
+#: greedy step before it sampled with llama.cpp's chain).
+DECODE_SAMPLERS = {
+    "chain greedy": SamplingParams(),
+    "chain T=0.8 top-p min-p penalties": SamplingParams(
+        temperature=0.8, top_p=0.95, min_p=0.05, repeat_penalty=1.1, presence_penalty=0.2
+    ),
+}
 
 _TEXT = " ".join(
     f"Step {k}: {k} times {k + 3} is {k * (k + 3)}, and adding {k} gives {k * (k + 4)}." for k in range(1, 900)
@@ -107,6 +118,45 @@ def _bench_rows(
             }
         )
     return rows
+
+
+def decode_rates(engine: GraftEngine, *, n_tokens: int = 64, repeat: int = 3) -> dict[str, float]:
+    """Decode tokens/s of each sampler in `DECODE_SAMPLERS` and of the numpy argmax reference, over the
+    same prompt; the runs alternate so that a slow moment of the machine hits them all alike."""
+    prompt = engine.tokenize(_TEXT[:600], add_bos=True)
+
+    def numpy_argmax(backend: Backend) -> None:
+        logits = backend.prefill(prompt)
+        for _ in range(n_tokens):
+            logits = backend.prefill([int(np.argmax(logits))])
+
+    def chain(params: SamplingParams) -> Callable[[Backend], None]:
+        def run(backend: Backend) -> None:
+            backend.prefill(prompt)
+            sampler = backend.sampler(params, prompt)
+            for _ in range(n_tokens):
+                backend.decode(sampler.sample())
+            sampler.close()
+
+        return run
+
+    runs: dict[str, Callable[[Backend], None]] = {"numpy argmax (before)": numpy_argmax}
+    runs |= {name: chain(params) for name, params in DECODE_SAMPLERS.items()}
+
+    def measure(backend: Backend) -> dict[str, float]:
+        seconds: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(repeat):
+            for name, run in runs.items():
+                backend.reset()
+                t0 = time.perf_counter()
+                run(backend)
+                seconds[name].append(time.perf_counter() - t0)
+        backend.reset()
+        prefill = _median_ms(lambda: (backend.reset(), backend.prefill(prompt)), repeat) / 1000
+        backend.reset()
+        return {name: n_tokens / (statistics.median(s) - prefill) for name, s in seconds.items()}
+
+    return engine.run_exclusive(measure)
 
 
 def exactness_sweep(

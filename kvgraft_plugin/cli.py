@@ -560,18 +560,21 @@ def doctor(as_json: bool, threads: str, larger_ctx: bool, **options: Any) -> Non
 @click.option("--lengths", default="256,1024,2048", show_default=True, help="Prefix lengths in tokens.")
 @click.option("--repeat", type=int, default=7, show_default=True)
 @click.option("--sweep", type=int, default=0, help="Also run this many seeded bitwise (prefix, query) checks.")
+@click.option("--decode", is_flag=True, help="Also measure decode tokens/s per sampler.")
 @click.option("--json", "as_json", is_flag=True)
 @llama_options
-def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **options: Any) -> None:
-    """Restore vs memcpy, TTFT of graft / text RAG / plain, bytes per token; optional exactness sweep."""
-    from ._bench_graft import bench_graft, exactness_sweep
+def bench_graft_cmd(lengths: str, repeat: int, sweep: int, decode: bool, as_json: bool, **options: Any) -> None:
+    """Restore vs memcpy, TTFT of graft / text RAG / plain, bytes per token; optional exactness sweep and
+    decode rates."""
+    from ._bench_graft import bench_graft, decode_rates, exactness_sweep
 
     sizes = [int(x) for x in lengths.split(",") if x.strip()]
     with _engine(None, options) as engine:
         rows = bench_graft(engine, sizes, repeat=repeat)
         cases = exactness_sweep(engine, n_cases=sweep) if sweep else []
+        rates = decode_rates(engine, repeat=repeat) if decode else {}
     if as_json:
-        click.echo(json.dumps({"rows": rows, "sweep": cases}, indent=1))
+        click.echo(json.dumps({"rows": rows, "sweep": cases, "decode_tok_s": rates}, indent=1))
     else:
         click.echo(f"model {engine.model_path.name}, {engine.config.llama.n_threads} threads\n")
         click.echo(
@@ -588,6 +591,11 @@ def bench_graft_cmd(lengths: str, repeat: int, sweep: int, as_json: bool, **opti
                 f"| {r['text_rag']['ttft']:.1f} | {r['plain']['ttft']:.1f} | {r['graft_vs_plain']:.2f}x "
                 f"| {r['text_rag_vs_graft']:.1f}x | {r['bytes_per_token']:.0f} | {r['f16_bound_per_token']} |"
             )
+        if rates:
+            reference = next(iter(rates.values()))
+            click.echo("\n| decode sampler | tok/s | vs numpy argmax |\n|---|---|---|")
+            for name, rate in rates.items():
+                click.echo(f"| {name} | {rate:.1f} | {rate / reference:.2f}x |")
         if cases:
             exact = sum(c["exact"] for c in cases)
             click.echo(f"\nexactness sweep: {exact}/{len(cases)} bitwise equal")

@@ -129,6 +129,35 @@ def test_every_command_reports_a_bad_setting_in_one_line(tmp_path, command):
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_ask_with_a_json_schema_and_sampling_options(cli_library, tmp_path):
+    _, lib = cli_library
+    schema = '{"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}'
+    result = run("ask", "--library", lib, "--n-threads", 2, "--json", "--json-schema", schema, "What is 17 times 23?")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["route"] == "graft" and set(json.loads(out["text"])) == {"answer"}
+    grammar = tmp_path / "yes.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    sampled = ["--temperature", 0.8, "--top-k", 20, "--top-p", 0.9, "--min-p", 0.05, "--repeat-penalty", 1.2,
+               "--seed", 4, "--grammar-file", grammar]  # fmt: skip
+    result = run("ask", "--library", lib, "--n-threads", 2, *sampled, "Is 391 odd?")
+    assert result.exit_code == 0 and result.stdout.strip() in ("yes", "no"), result.output
+    for bad, message in ((["--top-p", 2], "top_p"), (["--json-schema", "{"], "JSON"), (["--grammar-file", grammar,
+                          "--json-schema", schema], "not both")):  # fmt: skip
+        result = run("ask", "--library", lib, *bad, "What is 17 times 23?")
+        assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
+
+
+def test_bench_graft_json_with_decode_rates(gemma_path):
+    result = run("bench-graft", "--lengths", 64, "--repeat", 1, "--decode", "--json", "--model", gemma_path,
+                 "--n-threads", 2)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["rows"][0]["prefix_tokens"] == 64 and out["rows"][0]["restore_ms"] > 0
+    assert set(out["decode_tok_s"]) == {"numpy argmax (before)", "chain greedy", "chain T=0.8 top-p min-p penalties"}
+    assert all(rate > 0 for rate in out["decode_tok_s"].values())
+
+
 def test_bench_graft_overflow_is_a_clean_error(gemma_path):
     result = run("bench-graft", "--lengths", 600, "--n-ctx", 512, "--model", gemma_path, "--n-threads", 2)
     assert result.exit_code == 1 and "n_ctx" in result.output and "Traceback" not in result.output, result.output

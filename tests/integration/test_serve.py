@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from kvgraft_plugin import GraftEngine
+from kvgraft_plugin import GraftEngine, json_schema_grammar
 
 KEY = "test-key-123"
 QUESTION = "What is 17 times 23?"
@@ -54,6 +54,8 @@ def server(small_library, gemma_path, tmp_path_factory):
     assert proc.wait(timeout=60) == 0  # a graceful shutdown: uvicorn drains, the engine closes
 
 
+HOT = {"temperature": 0.8, "top_p": 0.9, "seed": 3, "presence_penalty": 0.5, "frequency_penalty": 0.3}
+PRODUCT = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
 CONCURRENT = [QUESTION, "What is the capital of France?", "What is the greatest common divisor of 84 and 126?",
               "Name a colour."]  # fmt: skip
 
@@ -62,7 +64,9 @@ CONCURRENT = [QUESTION, "What is the capital of France?", "What is the greatest 
 def expected(small_library, gemma_path):
     with GraftEngine(small_library, model_path=str(gemma_path), n_threads=2) as engine:
         chat = engine.ask(QUESTION, system="Be brief.", history=[("What is 2 plus 2?", "4")])
-        return engine.ask(QUESTION), chat, [engine.ask(q, max_tokens=16) for q in CONCURRENT]
+        sampled = engine.ask(QUESTION, **HOT, max_tokens=24, stop=[])
+        structured = engine.ask(QUESTION, grammar=json_schema_grammar(PRODUCT), max_tokens=32)
+        return engine.ask(QUESTION), chat, [engine.ask(q, max_tokens=16) for q in CONCURRENT], sampled, structured
 
 
 def test_openai_client_chat_and_completions(server, expected):
@@ -118,6 +122,20 @@ def test_uncovered_questions_do_not_graft_and_concurrent_requests_equal_serial_a
     assert replies[1].model_extra["kvgraft"]["fallback_reason"].startswith("no-match")
 
 
+def test_sampling_settings_and_response_format(server, expected):
+    """OpenAI's sampling fields and a JSON Schema response format answer as the engine does with them."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key=KEY)
+    messages = [{"role": "user", "content": QUESTION}]
+    reply = client.chat.completions.create(model="kvgraft", messages=messages, max_tokens=24, stop=[], **HOT)
+    assert reply.choices[0].message.content == expected[3].text and reply.model_extra["kvgraft"]["route"] == "graft"
+    schema = {"type": "json_schema", "json_schema": {"name": "product", "schema": PRODUCT}}
+    reply = client.chat.completions.create(model="kvgraft", messages=messages, max_tokens=32, response_format=schema)
+    assert reply.choices[0].message.content == expected[4].text
+    assert set(json.loads(reply.choices[0].message.content)) == {"answer"}
+
+
 def test_langchain_chat_openai(server, expected):
     from langchain_openai import ChatOpenAI
 
@@ -136,6 +154,16 @@ CHAT = "/v1/chat/completions"
         ("post", CHAT, {"model": "kvgraft", "messages": []}, None, 400, None),
         ("post", CHAT, {"model": "kvgraft", "messages": ASK_Q, "max_tokens": 0}, None, 400, None),
         ("post", CHAT, {"model": "kvgraft", "messages": ASK_Q, "n": 2}, None, 400, None),
+        ("post", CHAT, {"model": "kvgraft", "messages": ASK_Q, "top_p": 0}, None, 400, None),
+        ("post", CHAT, {"model": "kvgraft", "messages": ASK_Q, "seed": -1}, None, 400, None),
+        (
+            "post",
+            CHAT,
+            {"model": "kvgraft", "messages": ASK_Q, "response_format": {"type": "json_schema"}},
+            None,
+            400,
+            None,
+        ),
         ("post", CHAT, {"model": "kvgraft", "messages": [{"role": "assistant", "content": "q"}]}, None, 400, None),
         ("post", CHAT, {"model": "gpt-4o", "messages": ASK_Q}, None, 404, "model_not_found"),
         ("post", "/v1/completions", {"model": "kvgraft", "prompt": "x " * 5000}, None, 400, "context_length_exceeded"),
