@@ -430,7 +430,6 @@ class ChainSampler:
                 raise ConfigError("llama.cpp could not parse the grammar (GBNF with a root rule named 'root')")
             self._candidates = np.zeros(self._n_vocab, dtype=_TOKEN_DATA)
             self._candidates["id"] = np.arange(self._n_vocab, dtype=np.int32)
-            self._one = llama_cpp.llama_token_data()
         if params.penalized:
             last_n = backend.n_ctx if params.penalty_last_n == -1 else params.penalty_last_n
             penalties = self._add(
@@ -499,10 +498,10 @@ class ChainSampler:
 
     def _allowed(self, token: int, logit: float) -> bool:
         """Whether the grammar accepts ``token`` next (it masks a rejected one to -inf)."""
-        self._one.id, self._one.logit, self._one.p = token, logit, 0.0
-        array = llama_cpp.llama_token_data_array(data=ctypes.pointer(self._one), size=1, selected=-1, sorted=False)
+        one = llama_cpp.llama_token_data(id=token, logit=logit, p=0.0)
+        array = llama_cpp.llama_token_data_array(data=ctypes.pointer(one), size=1, selected=-1, sorted=False)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
-        return bool(np.isfinite(self._one.logit))
+        return bool(np.isfinite(one.logit))
 
     def close(self) -> None:
         """Free the chain, its samplers and the grammar."""

@@ -151,10 +151,14 @@ def decode_rates(engine: GraftEngine, *, n_tokens: int = 64, repeat: int = 3) ->
                 t0 = time.perf_counter()
                 run(backend)
                 seconds[name].append(time.perf_counter() - t0)
+
+        def prefill() -> None:
+            backend.reset()
+            backend.prefill(prompt)
+
+        prefill_s = _median_ms(prefill, repeat) / 1000
         backend.reset()
-        prefill = _median_ms(lambda: (backend.reset(), backend.prefill(prompt)), repeat) / 1000
-        backend.reset()
-        return {name: n_tokens / (statistics.median(s) - prefill) for name, s in seconds.items()}
+        return {name: n_tokens / (statistics.median(s) - prefill_s) for name, s in seconds.items()}
 
     return engine.run_exclusive(measure)
 

@@ -108,7 +108,7 @@ def sampling_options(**defaults: Any) -> Callable[[F], F]:
                 return click.option(name, type=kind, default=default, show_default=True, help=f"{text}.")
             return click.option(name, type=kind, help=f"{text} (default {usual}).")
 
-        options = [
+        options: list[Callable[[Any], Any]] = [
             option("--temperature", float, "0 decodes greedily; above 0 samples", "0"),
             option("--top-k", int, "Sample from the k most likely tokens", "0: off"),
             option("--top-p", float, "Nucleus sampling", "1: off"),
