@@ -28,6 +28,7 @@ from .._config import KV_TYPES, LlamaConfig
 from .._exceptions import BackendError, ConfigError, ContextOverflowError, IntegrityError
 from .._fingerprint import chunk_sizes
 from .._sampling import SamplingParams
+from .._state import StateLayout
 
 try:
     import llama_cpp
@@ -77,24 +78,28 @@ def _init_llama_backend() -> None:
 
 @dataclass(frozen=True)
 class SeqStateInfo:
-    """What a sequence-framed KV state holds, read from its bytes without trusting them."""
+    """What a sequence-framed state holds, read from its bytes without trusting them."""
 
     n_tokens: int
     """Highest position + 1: the number of prefix tokens the state represents."""
     n_cells: tuple[int, ...]
-    """Cells per cache section (one for a dense model; base and SWA caches for Gemma 3)."""
+    """Cells per attention KV section (one for a dense model; base and SWA caches for Gemma 3)."""
     k_types: tuple[int, ...]
-    """ggml type ids of the K rows, one per section."""
+    """ggml type ids of the K rows, one per KV section."""
     v_types: tuple[int, ...]
-    """ggml type ids of the V rows, one per section."""
+    """ggml type ids of the V rows, one per KV section."""
+    recurrent_types: tuple[int, ...] = ()
+    """ggml type ids of a recurrent state's R and S rows (empty without one)."""
 
 
-def inspect_seq_state(payload: bytes | bytearray | memoryview) -> SeqStateInfo:
+def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayout | None = None) -> SeqStateInfo:
     """Walk a sequence-framed state and check every length and field against the buffer.
 
-    The walk follows ``llama_kv_cache::state_write`` of the pinned llama.cpp. Each section must hold
-    one stream whose cells all belong to sequence 0 only, with distinct positions. Anything else is
-    refused with `IntegrityError` before the bytes can reach native code.
+    The walk follows ``llama_kv_cache::state_write`` and ``llama_memory_recurrent::state_write`` of the
+    pinned llama.cpp, section by section as ``layout`` says (``None``: one or more KV sections). A KV
+    section must hold one stream whose cells all belong to sequence 0 only, with distinct positions, and
+    no per-cell extras; a recurrent section holds sequence 0's cells, written sequence-agnostic. Anything
+    else is refused with `IntegrityError` before the bytes can reach native code.
     """
     view = memoryview(payload).cast("B")
     size = len(view)
@@ -112,25 +117,30 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview) -> SeqStateInfo:
     if magic != SEQ_STATE_MAGIC or seq_id != 0:
         raise IntegrityError(f"not a sequence-0 KV state (magic {magic:#x}, seq {seq_id})")
 
+    def positions(cell_count: int, n_seq_id: int, what: str) -> int:
+        """Read the cells' metadata: pos (i32), n_seq_id (u32), that many seq ids (i32); the highest pos."""
+        meta = np.frombuffer(take(4 * (2 + n_seq_id) * cell_count), dtype="<i4").reshape(cell_count, 2 + n_seq_id)
+        if not (np.all(meta[:, 1] == n_seq_id) and np.all(meta[:, 2:] == 0)):
+            raise IntegrityError(f"{what} has cells outside sequence 0, or a layout this build does not know")
+        pos = meta[:, 0]
+        if pos.min() < 0 or len(np.unique(pos)) != cell_count:
+            raise IntegrityError(f"{what} has negative or repeated positions")
+        return int(pos.max())
+
     n_cells: list[int] = []
     k_types: list[int] = []
     v_types: list[int] = []
+    recurrent_types: tuple[int, ...] = ()
     max_pos = -1
-    while offset < size:
+    kv_sections = layout.kv_sections if layout is not None else None
+    while offset < size and (kv_sections is None or len(n_cells) < kv_sections):
         (n_stream,) = _U32.unpack(take(4))
         if n_stream != 1:
             raise IntegrityError(f"KV state has {n_stream} streams; only single-stream contexts are supported")
         (cell_count,) = _U32.unpack(take(4))
         if cell_count == 0:
             raise IntegrityError("KV state section holds no cells")
-        # Per cell: pos (i32), n_seq_id (u32) == 1, seq_id (i32) == 0. No cell ext on these models.
-        meta = np.frombuffer(take(12 * cell_count), dtype="<i4").reshape(cell_count, 3)
-        if not (np.all(meta[:, 1] == 1) and np.all(meta[:, 2] == 0)):
-            raise IntegrityError("KV state has cells outside sequence 0")
-        positions = meta[:, 0]
-        if positions.min() < 0 or len(np.unique(positions)) != cell_count:
-            raise IntegrityError("KV state has negative or repeated positions")
-        max_pos = max(max_pos, int(positions.max()))
+        max_pos = max(max_pos, positions(cell_count, 1, "KV state"))  # one seq id each; no cell extras
         v_trans, n_layer = struct.unpack("<II", take(8))
         if v_trans not in (0, 1) or n_layer == 0 or n_layer > 1024:
             raise IntegrityError(f"KV state has a bad layer header (v_trans={v_trans}, n_layer={n_layer})")
@@ -144,9 +154,23 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview) -> SeqStateInfo:
         n_cells.append(cell_count)
         k_types.append(section_k.pop())
         v_types.append(section_v.pop())
-    if not n_cells:
-        raise IntegrityError("KV state holds no cache section")
-    return SeqStateInfo(max_pos + 1, tuple(n_cells), tuple(k_types), tuple(v_types))
+    if kv_sections is not None and len(n_cells) != kv_sections:
+        raise IntegrityError(f"state holds {len(n_cells)} KV sections; {layout.describe()} has {kv_sections}")  # type: ignore[union-attr]
+    if layout is not None and layout.recurrent:
+        (cell_count,) = _U32.unpack(take(4))
+        if cell_count == 0:
+            raise IntegrityError("recurrent state holds no cells")
+        max_pos = max(max_pos, positions(cell_count, 0, "recurrent state"))  # written sequence-agnostic
+        s_trans, n_layer = struct.unpack("<II", take(8))
+        if s_trans != 0 or n_layer == 0 or n_layer > 1024:
+            raise IntegrityError(f"recurrent state has a bad layer header (s_trans={s_trans}, n_layer={n_layer})")
+        types = {_read_rows(take, cell_count) for _ in range(2 * n_layer)}  # R rows, then S rows, per layer
+        recurrent_types = tuple(sorted(types))
+    if offset != size:
+        raise IntegrityError(f"state has {size - offset} bytes past its last section")
+    if not n_cells and not recurrent_types:
+        raise IntegrityError("state holds no cache section")
+    return SeqStateInfo(max_pos + 1, tuple(n_cells), tuple(k_types), tuple(v_types), recurrent_types)
 
 
 def _read_rows(take: Any, cell_count: int) -> int:
@@ -211,6 +235,8 @@ class LlamaBackend:
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
         self.arch = self.meta("general.architecture")
+        self.layout = _layout(self._model, self.n_swa)
+        """What a captured state holds (`StateLayout`)."""
         self.n_past = 0
         logger.info("loaded %s (%s, n_swa=%d) with %s", path.name, self.arch, self.n_swa, config)
 
@@ -338,12 +364,25 @@ class LlamaBackend:
     def capture_state(self) -> bytearray:
         """The whole KV cache, every cell, in sequence framing for `restore_state`.
 
-        Refused on another llama-cpp-python than `PINNED_VERSION`: the framing is that release's.
+        A recurrent model's state is the sequence's own (``llama_state_seq_get_data``): it has no
+        sliding-window cells to lose, and the sequence loader wants its cells written sequence-agnostic.
+        Refused on another llama-cpp-python than `PINNED_VERSION` (the framing is that release's), and
+        with `ConfigError` for a layout not proven exact or a state that does not walk as its layout.
         """
         if llama_cpp_version() != PINNED_VERSION:
             raise BackendError(
                 f"KV capture is written against llama-cpp-python {PINNED_VERSION}; {llama_cpp_version()} is installed"
             )
+        if self.layout.unsupported:
+            raise ConfigError(f"{self.arch} models cannot be grafted: {self.layout.unsupported}")
+        payload = self._capture_sequence() if self.layout.recurrent else self._capture_every_cell()
+        try:
+            inspect_seq_state(payload, self.layout)
+        except IntegrityError as exc:
+            raise ConfigError(f"{self.arch}: its state is not laid out as {self.layout.describe()}: {exc}") from exc
+        return payload
+
+    def _capture_every_cell(self) -> bytearray:
         size = llama_cpp.llama_state_get_size(self._ctx)
         raw = bytearray(size)
         c_raw = (ctypes.c_uint8 * size).from_buffer(raw)
@@ -360,6 +399,16 @@ class LlamaBackend:
         _SEQ_HEADER.pack_into(out, 0, SEQ_STATE_MAGIC, 0)
         out[_SEQ_HEADER.size :] = body
         return out
+
+    def _capture_sequence(self) -> bytearray:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        raw = bytearray(size)
+        c_raw = (ctypes.c_uint8 * size).from_buffer(raw)
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, c_raw, size, 0)
+        del c_raw
+        if written != size:
+            raise BackendError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
+        return raw
 
     def restore_state(self, payload: bytearray | memoryview, n_tokens: int) -> None:
         """Clear the cache and load ``payload`` (from `capture_state`) into sequence 0.
@@ -511,6 +560,16 @@ class ChainSampler:
         if self._grammar:
             llama_cpp.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def _layout(model: Any, n_swa: int) -> StateLayout:
+    """The state layout of ``model``, marked unsupported where no test has proven a graft exact."""
+    if llama_cpp.llama_model_is_hybrid(model):
+        # its recurrent section skips the attention layers, and no hybrid is in the architecture matrix yet
+        return StateLayout(1, recurrent=True, unsupported="a hybrid attention + recurrent state is not proven exact")
+    if llama_cpp.llama_model_is_recurrent(model):
+        return StateLayout(kv_sections=0, recurrent=True)
+    return StateLayout(kv_sections=2 if n_swa > 0 else 1)
 
 
 def _apply_builtin_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from ._sampling import SamplingParams
+from ._state import StateLayout
 
 __all__ = ["Backend", "TokenSampler"]
 
@@ -38,6 +39,8 @@ class Backend(Protocol):
     n_vocab: int
     n_past: int
     """Positions held in the cache."""
+    layout: StateLayout
+    """What a captured state holds."""
 
     def meta(self, key: str) -> str:
         """A GGUF metadata value as a string ("" when absent)."""

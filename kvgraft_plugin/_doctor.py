@@ -11,14 +11,18 @@ exact fails the doctor.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._engine import GraftEngine
+from ._exceptions import KVGraftError
+from ._tiny_models import TINY_ARCHS, write_tiny_model
 
-__all__ = ["DoctorRow", "run_doctor"]
+__all__ = ["ArchRow", "DoctorRow", "run_arch_matrix", "run_doctor"]
 
 PROBE_TOKENS = 24
 
@@ -80,6 +84,67 @@ def run_doctor(engine: GraftEngine, *, threads: tuple[int, ...] = (1, 4), larger
                 note = "" if same_bytes else "the prefill wrote other KV bytes than the original"
                 rows.append(DoctorRow(f"{label}: restore {name}", diff == 0.0 and same_bytes, True, diff, note))
     return rows
+
+
+@dataclass
+class ArchRow:
+    """One architecture of the matrix: its kind of cache, and whether every doctor check was exact."""
+
+    arch: str
+    layers: int
+    swa: bool
+    recurrent: bool
+    moe: bool
+    exact: bool
+    max_abs_diff: float
+    state_bytes_per_token: float
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``--json``)."""
+        return asdict(self)
+
+
+#: The matrix's context: small, so that every probe runs past the window and ``n_ubatch`` in a few ms.
+MATRIX_SETTINGS = {"n_ctx": 512, "n_batch": 64, "n_ubatch": 64, "n_threads": 2}
+
+
+def run_arch_matrix(folder: str | Path | None = None, *, threads: tuple[int, ...] = (1, 4)) -> list[ArchRow]:
+    """The doctor's checks on a tiny random-weight model of each architecture in `TINY_ARCHS`, written
+    into ``folder`` (a temporary one by default), plus a byte round trip: a restored state, captured
+    again, must be the bytes that were restored."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(folder or scratch)
+        return [_arch_row(name, write_tiny_model(root / f"{name}.gguf", name), threads) for name in TINY_ARCHS]
+
+
+def _arch_row(name: str, path: Path, threads: tuple[int, ...]) -> ArchRow:
+    spec = TINY_ARCHS[name]
+    row = ArchRow(name, spec.n_layer, spec.swa, spec.recurrent, spec.moe, False, float("nan"), float("nan"))
+    try:
+        with GraftEngine(None, model_path=str(path), **MATRIX_SETTINGS) as engine:  # type: ignore[arg-type]
+            checks = run_doctor(engine, threads=threads)
+            tokens = _tokens(engine, max(_lengths(engine).values()), seed=99)
+            payload = engine.capture(tokens).payload
+            again = engine.run_exclusive(lambda backend: _recapture(backend, payload, len(tokens)))
+    except KVGraftError as exc:
+        row.note = str(exc)
+        return row
+    failed = [c.check for c in checks if not c.exact]
+    if bytes(again) != bytes(payload):
+        failed.append("restore + capture gave other bytes")
+    row.exact = not failed
+    row.max_abs_diff = max(c.max_abs_diff for c in checks)
+    row.state_bytes_per_token = round(len(payload) / len(tokens), 1)
+    row.note = "; ".join(failed)
+    return row
+
+
+def _recapture(backend: Any, payload: bytearray, n_tokens: int) -> bytearray:
+    backend.restore_state(payload, n_tokens)
+    again: bytearray = backend.capture_state()
+    backend.reset()
+    return again
 
 
 def _settings(engine: GraftEngine) -> str:

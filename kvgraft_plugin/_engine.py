@@ -373,7 +373,9 @@ class GraftEngine:
         """Prefill ``tokens`` from an empty cache and save the sequence's state.
 
         With ``probe``, also check that restoring the state and prefilling ``probe`` gives bitwise the
-        logits of the fresh prefill followed by ``probe``.
+        logits of the fresh prefill followed by ``probe``. A model whose state layout kvgraft does not
+        know, or has not proven exact, is refused here (`ConfigError` from the backend), so a build fails
+        before its first entry instead of its library falling back on every request.
         """
 
         def run(backend: Backend) -> Capture:
@@ -665,11 +667,11 @@ class GraftEngine:
         would feed for the entry, and its llama.cpp bytes are well formed for this runtime."""
         if list(state.tokens) != self.prefix_tokens(record):
             raise IntegrityError(f"state of {record.id!r} holds other token ids than its text renders to")
-        info = inspect_seq_state(state.payload)
+        info = inspect_seq_state(state.payload, self.backend.layout)
         if info.n_tokens != len(state.tokens):
             raise IntegrityError(f"state holds {info.n_tokens} positions for {len(state.tokens)} tokens")
         llama = self.config.llama
-        if set(info.k_types) != {KV_TYPES[llama.type_k]} or set(info.v_types) != {KV_TYPES[llama.type_v]}:
+        if not set(info.k_types) <= {KV_TYPES[llama.type_k]} or not set(info.v_types) <= {KV_TYPES[llama.type_v]}:
             raise IncompatibleStateError(f"state KV types {info.k_types}/{info.v_types} differ from the runtime's")
 
     def _prefill(self, plan: _Plan, phases: dict[str, float]) -> None:

@@ -30,6 +30,7 @@ from ._exceptions import IncompatibleStateError, IntegrityError
 __all__ = [
     "FORMAT_VERSION",
     "SavedState",
+    "StateLayout",
     "atomic_write",
     "check_fingerprint",
     "decode_state",
@@ -57,6 +58,25 @@ class SavedState:
     """BLAKE2b-256 of the file, hex."""
     nbytes: int
     """Size of the whole file buffer held in memory."""
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """What a model's sequence state holds, in the order llama.cpp writes it: ``kv_sections`` attention KV
+    caches (1 for a dense model, 2 for a sliding-window one: base and SWA cache), then the per-layer
+    state of a recurrent model when ``recurrent``."""
+
+    kv_sections: int
+    recurrent: bool = False
+    unsupported: str = ""
+    """Why states of this layout cannot be grafted ("" when they can); builds refuse it with this text."""
+
+    def describe(self) -> str:
+        """The layout in words, for messages."""
+        kv = {0: "", 1: "attention KV", 2: "attention KV (base + sliding-window caches)"}.get(
+            self.kv_sections, f"{self.kv_sections} attention KV caches"
+        )
+        return " + ".join(part for part in (kv, "recurrent state" if self.recurrent else "") if part)
 
 
 def encode_state(

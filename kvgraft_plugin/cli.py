@@ -533,12 +533,21 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array of the rows.")
 @click.option("--threads", default="1,4", show_default=True, help="Other thread counts to restore under ('' for none).")
 @click.option("--larger-ctx/--no-larger-ctx", default=True, show_default=True, help="Also restore into twice n_ctx.")
+@click.option(
+    "--arch-matrix",
+    is_flag=True,
+    help="Instead, run the checks on a tiny random-weight model of each architecture (dense, sliding-window, "
+    "mixture-of-experts, recurrent).",
+)
 @llama_options
-def doctor(as_json: bool, threads: str, larger_ctx: bool, **options: Any) -> None:
+def doctor(as_json: bool, threads: str, larger_ctx: bool, arch_matrix: bool, **options: Any) -> None:
     """Will grafting be exact for this model on this machine? Exit 1 if a served setting is inexact."""
     from ._doctor import run_doctor
 
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
+    if arch_matrix:
+        _arch_matrix(as_json, counts)
+        return
     with _engine(None, options) as engine:
         rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx)
         model = engine.model_path.name
@@ -553,6 +562,25 @@ def doctor(as_json: bool, threads: str, larger_ctx: bool, **options: Any) -> Non
         verdict = "grafting is exact here" if not failed else f"{len(failed)} served checks are NOT exact"
         click.echo(f"\nverdict: {verdict}")
     if failed:
+        sys.exit(1)
+
+
+def _arch_matrix(as_json: bool, threads: tuple[int, ...]) -> None:
+    from ._doctor import run_arch_matrix
+
+    rows = run_arch_matrix(threads=threads)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows]))
+    else:
+        click.echo("| arch | layers | swa | recurrent | moe | exact | max_abs_diff | state B/token | note |")
+        click.echo("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            click.echo(
+                f"| {r.arch} | {r.layers} | {r.swa} | {r.recurrent} | {r.moe} | {r.exact} | {r.max_abs_diff:.4g} "
+                f"| {r.state_bytes_per_token:.0f} | {r.note} |"
+            )
+        click.echo(f"\n{sum(r.exact for r in rows)}/{len(rows)} architectures exact")
+    if not all(r.exact for r in rows):
         sys.exit(1)
 
 

@@ -5,7 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgraft_plugin import IncompatibleStateError, IntegrityError
-from kvgraft_plugin._state import atomic_write, check_fingerprint, decode_state, encode_state, read_file
+from kvgraft_plugin._state import (
+    StateLayout,
+    atomic_write,
+    check_fingerprint,
+    decode_state,
+    encode_state,
+    read_file,
+)
 from kvgraft_plugin.adapters.llama_cpp import SEQ_STATE_MAGIC, inspect_seq_state
 
 FP = {"gguf_sha256": "ab" * 32, "type_k": "f16", "flash_attn": False}
@@ -132,3 +139,26 @@ def test_capture_refuses_an_unpinned_llama_cpp_python(monkeypatch):
     monkeypatch.setattr(backend_module, "llama_cpp_version", lambda: "9.9.9")
     with pytest.raises(BackendError, match="0.3.36"):
         backend_module.LlamaBackend.capture_state(object())  # type: ignore[arg-type]
+
+
+def make_recurrent(n_layer=2, pos=6, n_seq_id=0, r_row=12, s_row=32):
+    """A recurrent state as llama_memory_recurrent::state_write lays out sequence 0's: one cell."""
+    out = struct.pack("<Ii", SEQ_STATE_MAGIC, 0) + struct.pack("<IiI", 1, pos, n_seq_id) + b"\0" * 4 * n_seq_id
+    out += struct.pack("<II", 0, n_layer)
+    for row in [r_row] * n_layer + [s_row] * n_layer:
+        out += struct.pack("<iQ", 0, row) + bytes(row)
+    return bytearray(out)
+
+
+def test_inspect_walks_a_recurrent_state_by_its_layout():
+    info = inspect_seq_state(make_recurrent(), StateLayout(0, recurrent=True))
+    assert info.n_tokens == 7 and info.n_cells == () and info.recurrent_types == (0,)
+    for bad in (make_recurrent(n_seq_id=1), make_recurrent()[:-1], make_recurrent() + b"\0"):
+        with pytest.raises(IntegrityError):
+            inspect_seq_state(bad, StateLayout(0, recurrent=True))
+    with pytest.raises(IntegrityError):  # a KV state is not a recurrent one, nor one KV section two
+        inspect_seq_state(make_payload(), StateLayout(0, recurrent=True))
+    with pytest.raises(IntegrityError, match="KV sections"):
+        inspect_seq_state(make_payload(), StateLayout(2))
+    assert inspect_seq_state(make_payload(sections=2), StateLayout(2)).n_cells == (5, 5)
+    assert StateLayout(2, recurrent=True).describe() == "attention KV (base + sliding-window caches) + recurrent state"
