@@ -18,7 +18,7 @@ import numpy as np
 
 from ._exceptions import ConfigError
 
-__all__ = ["TINY_ARCHS", "TinyArch", "write_tiny_model"]
+__all__ = ["TINY_ARCHS", "UNPROVEN_ARCHS", "TinyArch", "write_tiny_model"]
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 64, 4, 2, 16, 128
 N_EXPERT, N_EXPERT_USED = 4, 2
@@ -212,15 +212,23 @@ TINY_ARCHS: dict[str, TinyArch] = {
 }
 
 
+#: Architectures llama.cpp loads whose state layout kvgraft does not walk: a build refuses them by name.
+#: qwen2vl's M-RoPE cells carry extra positions after their sequence ids.
+UNPROVEN_ARCHS: dict[str, TinyArch] = {
+    "qwen2vl": TinyArch("qwen2vl", 2, hparams={"rope.dimension_sections": [2, 2, 4, 0]}, extra=_qwen2),
+}
+
+
 def write_tiny_model(path: str | Path, name: str, *, seed: int = 0) -> Path:
-    """Write the tiny model ``name`` (a key of `TINY_ARCHS`) to ``path``; the same seed writes the same file."""
+    """Write the tiny model ``name`` (a key of `TINY_ARCHS` or `UNPROVEN_ARCHS`) to ``path``; the same seed
+    writes the same file."""
     try:
         import gguf
     except ImportError as exc:
         raise ConfigError("the architecture matrix writes GGUF files: pip install 'kvgraft-plugin[matrix]'") from exc
-    if name not in TINY_ARCHS:
-        raise ConfigError(f"no tiny model for {name!r}: one of {', '.join(TINY_ARCHS)}")
-    spec = TINY_ARCHS[name]
+    spec = TINY_ARCHS.get(name) or UNPROVEN_ARCHS.get(name)
+    if spec is None:
+        raise ConfigError(f"no tiny model for {name!r}: one of {', '.join([*TINY_ARCHS, *UNPROVEN_ARCHS])}")
     arch, rng = spec.name, np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"kvgraft tiny {name}")
@@ -238,7 +246,9 @@ def write_tiny_model(path: str | Path, name: str, *, seed: int = 0) -> Path:
         writer.add_head_count(0)
     for key, value in spec.hparams.items():
         full = f"{arch}.{key}"
-        if isinstance(value, float):
+        if isinstance(value, list):
+            writer.add_array(full, value)
+        elif isinstance(value, float):
             writer.add_float32(full, value)
         else:
             writer.add_uint32(full, value)

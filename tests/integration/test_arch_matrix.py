@@ -56,12 +56,21 @@ def test_a_library_on_a_tiny_model_grafts_as_text_rag(arch, tmp_path):
             assert info.n_tokens == len(state.tokens) and bool(info.recurrent_types) == (arch == "mamba")
 
 
+def test_a_layout_kvgraft_does_not_walk_is_refused_at_build_by_name(tmp_path):
+    """qwen2vl loads and decodes, but its M-RoPE cells carry extras the walker does not know: the build
+    stops before its first entry and names the layout, and plain decoding still works."""
+    model = write_tiny_model(tmp_path / "qwen2vl.gguf", "qwen2vl")
+    with GraftEngine(None, model_path=str(model), **MATRIX_SETTINGS) as engine:
+        with pytest.raises(ConfigError, match="qwen2vl: its state is not laid out as attention KV"):
+            build_library(tmp_path / "lib", [Entry("e1", "What is 2 plus 2?", "It is 4.", "4")], engine=engine)
+        assert engine.ask("What is 2 plus 2?", max_tokens=4).route == "plain"
+    assert not list((tmp_path / "lib").glob("states/*"))
+
+
 def test_a_layout_not_proven_exact_is_refused_at_build(tmp_path):
-    """A build stops before its first entry, naming the reason, instead of building states that every
-    request would then refuse (here a llama model marked as the unproven hybrid layout)."""
+    """A layout the walker reads but no test has proven exact (a hybrid) is refused with its reason."""
     model = write_tiny_model(tmp_path / "llama.gguf", "llama")
     with GraftEngine(None, model_path=str(model), **MATRIX_SETTINGS) as engine:
         engine.backend.layout = StateLayout(1, recurrent=True, unsupported="a hybrid state is not proven exact")
         with pytest.raises(ConfigError, match="llama models cannot be grafted: a hybrid state is not proven exact"):
             build_library(tmp_path / "lib", [Entry("e1", "What is 2 plus 2?", "It is 4.", "4")], engine=engine)
-    assert not (tmp_path / "lib" / "states").exists() or not any((tmp_path / "lib" / "states").iterdir())
