@@ -69,13 +69,14 @@ from .._engine import GraftEngine, GraftResult
 from .._exceptions import ConfigError
 from .._messages import split_chat
 from .._sampling import SAMPLING_FIELDS, json_grammar, json_schema_grammar
+from .._store import is_url
 
 __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 
 #: What pins an engine: its llama.cpp context, its embedder and its key. Everything else goes per request.
 _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
-    "swa_full", "embedder", "key_file",
+    "swa_full", "embedder", "key_file", "cache_dir",
 )  # fmt: skip
 _ROUTING_SETTINGS = ("threshold", "margin", "neighbors", "guards", "fallback")
 _PoolKey = tuple[str, EngineConfig]
@@ -106,7 +107,7 @@ class _EnginePool:
             engine.close()
 
     def acquire(self, library: str | None, config: EngineConfig) -> tuple[_PoolKey, GraftEngine]:
-        key = (str(Path(library).resolve()) if library else "", config)
+        key = (library if is_url(library) else str(Path(library).resolve()) if library else "", config)
         with self._lock:
             engine, users = self._engines.get(key) or (None, 0)
             if engine is None:
@@ -151,7 +152,9 @@ class _KVGraftMixin(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
     library: str | None = None
-    """Library folder built by ``kvgraft build``. ``None`` decodes plainly."""
+    """Library folder or fsspec URL (``s3://bucket/lib``) built by ``kvgraft build``. ``None`` decodes plainly."""
+    cache_dir: str | None = None
+    """Where a library URL is mirrored (default ``~/.cache/kvgraft/libraries``)."""
     engine: Any = Field(default=None, exclude=True)
     """A loaded `GraftEngine` to share instead of loading one from ``library``."""
     mode: Literal["auto", "graft", "text-rag", "plain"] = "auto"

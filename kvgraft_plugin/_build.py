@@ -72,14 +72,16 @@ def build_library(
     index_kind: IndexKind | None = None,
     threshold: float | None = None,
     progress: Callable[[int], Any] | None = None,
+    cache_dir: str | Path | None = None,
 ) -> BuildReport:
-    """Build or update the library at ``library_dir`` from ``source`` with ``engine``'s model.
+    """Build or update the library at ``library_dir`` (a folder or an fsspec URL, mirrored under
+    ``cache_dir``) from ``source`` with ``engine``'s model.
 
     ``engine`` must have been created without a library (or on this one) and with the configuration
-    the library is to be served with: that configuration becomes the states' fingerprint.
+    the library is to be served with: that configuration becomes the states' fingerprint. Each entry's
+    state is durable (uploaded, for a URL) before the manifest that names it is written.
     """
     check_threshold(threshold)
-    path = Path(library_dir)
     report = BuildReport()
     for entry in source:
         problems = entry_problems(entry) + _fit_problems(engine, entry)
@@ -99,12 +101,13 @@ def build_library(
         logger.warning("skipping invalid entry %s: %s", entry_id, "; ".join(problems))
     wanted = [e for e in source if e.id not in report.invalid]
 
-    library = Library.open(path) if (path / "manifest.json").is_file() else Library.create(path)
+    library = Library.open_or_create(library_dir, cache_dir=cache_dir)
+    path = library.path
     with library.lock():
         fingerprint = engine.fingerprint
         fp_sha = fingerprint_sha256(fingerprint)
         if library.fingerprint and library.fingerprint != fingerprint and library.entries:
-            logger.warning("configuration or model changed: every entry of %s is rebuilt", path)
+            logger.warning("configuration or model changed: every entry of %s is rebuilt", library.location)
         library.fingerprint = fingerprint
         library.answer_format = engine.answer_format
         library.template = engine.template.kind
@@ -118,7 +121,7 @@ def build_library(
             keep = {e.id for e in wanted}
             for entry_id in sorted(set(library.entries) - keep):
                 record = library.entries.pop(entry_id)
-                (path / record.state_file).unlink(missing_ok=True)
+                library.remove(record.state_file)
                 report.removed.append(entry_id)
 
         for entry in wanted:
@@ -129,13 +132,14 @@ def build_library(
                 and old is not None
                 and old.source_sha256 == src_sha
                 and old.fingerprint_sha256 == fp_sha
-                and (path / old.state_file).is_file()
+                and library.has_state(old)
             ):
                 report.skipped.append(entry.id)
             else:
                 if old is not None and old.source_sha256 != src_sha:
                     logger.warning("entry %s changed: rebuilding it", entry.id)
                 record = _build_entry(engine, path, entry, src_sha, fp_sha)
+                library.publish(record.state_file)
                 library.entries[entry.id] = record
                 library.save()  # each completed entry is durable before the next starts
                 report.built.append(entry.id)
@@ -151,6 +155,7 @@ def build_library(
 
         previous_index = library.index.get("file")
         index = _update_index(library, engine, index_kind, rebuild_all=rebuild or bool(report.removed))
+        library.publish(library.index["file"])
         if threshold is not None:
             library.routing = {"threshold": threshold, "margin": 0.0, "source": "user"}
         elif library.routing.get("source") not in ("calibrated", "user"):
@@ -158,7 +163,7 @@ def build_library(
             logger.info("routing threshold %.3f derived from the entries' embeddings", library.threshold)
         library.save()
         for stale in stale_index_files(path, {library.index["file"], str(previous_index)}):
-            stale.unlink(missing_ok=True)
+            library.remove(stale.name)
     return report
 
 

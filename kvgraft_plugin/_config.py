@@ -143,6 +143,10 @@ class EngineConfig:
     instead of the model's own. ``None``: the library's, else the model's."""
     cache_bytes: int = 1 << 30
     """Byte budget of the in-process LRU of verified state bytes."""
+    cache_dir: str | None = None
+    """Where a library at a URL is mirrored (``None``: ``~/.cache/kvgraft/libraries``)."""
+    disk_cache_bytes: int = 4 << 30
+    """Byte budget of the states kept in a URL library's mirror (least recently used out first)."""
     fallback: FallbackPolicy = "auto"
     """``"raise"`` raises `NoMatchError` instead of falling back to plain decoding."""
     key_file: str | None = None
@@ -156,8 +160,8 @@ class EngineConfig:
             raise ConfigError(f"neighbors must be >= 1, got {self.neighbors}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.cache_bytes < 0:
-            raise ConfigError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+        if self.cache_bytes < 0 or self.disk_cache_bytes < 0:
+            raise ConfigError(f"cache budgets must be >= 0, got {self.cache_bytes} and {self.disk_cache_bytes}")
         if self.fallback not in ("auto", "raise"):
             raise ConfigError(f"fallback must be 'auto' or 'raise', got {self.fallback!r}")
         if self.answer_format not in (None, "answer", "solution"):

@@ -136,7 +136,8 @@ class GraftEngine:
     """A frozen llama.cpp model plus a library of grafted solved problems.
 
     Args:
-        library: library folder (built by ``kvgraft build``), or ``None`` for plain decoding only.
+        library: library folder or fsspec URL (built by ``kvgraft build``), or ``None`` for plain decoding
+            only. A URL is mirrored under ``cache_dir``; its states are fetched on first use.
         config: full configuration; keyword ``overrides`` are applied on top of it. Any
             `LlamaConfig` field (``n_ctx``, ``n_threads``, ``n_gpu_layers``, ``model_path``...) and any
             `EngineConfig` field (``threshold``, ``neighbors``, ``max_tokens``, ``key_file``...) is accepted.
@@ -162,8 +163,10 @@ class GraftEngine:
         self.config = (config or EngineConfig()).with_settings(**overrides)
         key = load_key(self.config.key_file) if self.config.key_file else None
         if isinstance(library, Library) and key is not None:
-            library = Library.open(library.path, key=key)  # a key applies however the library was opened
-        self.library = library if isinstance(library, Library) or library is None else Library.open(library, key=key)
+            library = Library.open(library.location, key=key, **self._mirror())  # a key applies however opened
+        if library is not None and not isinstance(library, Library):
+            library = Library.open(library, key=key, **self._mirror())
+        self.library = library
         if self.library is not None and self.library.trusted and config is None:
             self.config = self.config.replace(llama=_library_settings(self.library, self.config.llama, overrides))
         self.backend: Backend = backend or LlamaBackend(self._resolve_model_path(), self.config.llama)
@@ -197,6 +200,10 @@ class GraftEngine:
         except BaseException:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise
+
+    def _mirror(self) -> dict[str, Any]:
+        """Where and how much of a library at a URL is kept locally."""
+        return {"cache_dir": self.config.cache_dir, "cache_bytes": self.config.disk_cache_bytes}
 
     def _mark_worker_thread(self) -> None:
         self._worker_thread = threading.current_thread()

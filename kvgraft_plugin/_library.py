@@ -9,6 +9,9 @@
 
 The manifest keeps every entry's source text and prefix token ids outside the state file, so text RAG
 and rebuilds still work when a state file is damaged or stale. Every write is atomic.
+
+A library may also live at an fsspec URL (``s3://bucket/lib``): it is then read and written through a
+local mirror (`kvgraft_plugin._store`), and every check below applies to the mirror's files unchanged.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ._exceptions import (
     SourceError,
 )
 from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
+from ._store import DEFAULT_REMOTE_CACHE_BYTES, RemoteLibrary, is_url
 from ._template import FORMATS, TEMPLATES, AnswerFormat, Entry, TemplateKind
 
 __all__ = ["BaseStateCache", "EntryRecord", "Library", "RamStateCache", "load_key", "read_source"]
@@ -399,20 +403,59 @@ class Library:
     trusted: bool = True
     """False when a key is configured and the signature is missing or wrong: nothing from it is used."""
     untrusted_reason: str = ""
+    remote: RemoteLibrary | None = field(default=None, repr=False, compare=False)
+    """For a library at a URL: the URL and its mirror (``path`` is then the mirror)."""
+
+    @property
+    def location(self) -> str:
+        """Where the library lives: its URL, or its folder."""
+        return self.remote.url if self.remote is not None else str(self.path)
 
     @classmethod
-    def create(cls, path: str | Path) -> Library:
-        """An empty library at ``path`` (nothing is written until `save`)."""
+    def create(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Library:
+        """An empty library at ``path``, a folder or a URL (nothing is written until `save`)."""
+        if is_url(path):
+            remote = RemoteLibrary(str(path), cache_dir=cache_dir)
+            return cls(remote.mirror, remote=remote)
         return cls(Path(path))
 
     @classmethod
-    def open(cls, path: str | Path, *, key: bytes | None = None) -> Library:
-        """Load ``path/manifest.json``. With ``key``, check ``manifest.sig`` first.
+    def open_or_create(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Library:
+        """The library at ``path`` (folder or URL), or an empty one there when it has no manifest yet."""
+        if is_url(path):
+            remote = RemoteLibrary(str(path), cache_dir=cache_dir)
+            if remote.pull():
+                return cls.open(path, cache_dir=cache_dir, _remote=remote)
+            return cls(remote.mirror, remote=remote)
+        return cls.open(path) if (Path(path) / MANIFEST).is_file() else cls.create(path)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        key: bytes | None = None,
+        cache_dir: str | Path | None = None,
+        cache_bytes: int = DEFAULT_REMOTE_CACHE_BYTES,
+        _remote: RemoteLibrary | None = None,
+    ) -> Library:
+        """Load ``path/manifest.json``; ``path`` may be a URL (mirrored under ``cache_dir``, its states kept
+        within ``cache_bytes``). With ``key``, check ``manifest.sig`` first.
 
         A bad signature does not raise: the library is returned with ``trusted=False`` so that the
         engine can still decode plainly and report ``unsigned``.
         """
-        path = Path(path)
+        remote = _remote
+        if remote is None and is_url(path):
+            remote = RemoteLibrary(str(path), cache_dir=cache_dir, budget_bytes=cache_bytes)
+            if not remote.pull():
+                raise LibraryError(f"{path} is not a kvgraft library (no {MANIFEST}); run `kvgraft build`")
+        library = cls._open_folder(remote.mirror if remote is not None else Path(path), key)
+        library.remote = remote
+        return library
+
+    @classmethod
+    def _open_folder(cls, path: Path, key: bytes | None) -> Library:
         manifest_path = path / MANIFEST
         try:
             raw = manifest_path.read_bytes()
@@ -485,20 +528,46 @@ class Library:
             return False
         atomic_write(path, data)
         signature = self.path / SIGNATURE
-        if signature.is_file():
+        signed = signature.is_file()
+        if signed:
             signature.unlink()
-            logger.warning("%s changed: its signature was removed; sign it again (kvgraft sign)", path)
+        if self.remote is not None:  # the manifest goes last: every file it names is uploaded already
+            self.remote.upload(MANIFEST)
+            if signed:
+                self.remote.delete(SIGNATURE)
+        if signed:
+            logger.warning("%s changed: its signature was removed; sign it again (kvgraft sign)", self.location)
         return True
+
+    def publish(self, rel: str) -> None:
+        """Make the file ``rel`` (a state or the index, just written) durable where the library lives: a
+        no-op for a folder, an upload for a URL. Call it before the `save` that names the file."""
+        if self.remote is not None:
+            self.remote.upload(rel)
+
+    def remove(self, rel: str) -> None:
+        """Delete the file ``rel`` from the library (and its URL)."""
+        (self.path / rel).unlink(missing_ok=True)
+        if self.remote is not None:
+            self.remote.delete(rel)
+
+    def has_state(self, record: EntryRecord) -> bool:
+        """Whether ``record``'s state file exists (in the folder, or at the URL)."""
+        if (self.path / record.state_file).is_file():
+            return True
+        return self.remote is not None and self.remote.exists(record.state_file)
 
     def sign(self, key: bytes) -> Path:
         """Write ``manifest.sig``: HMAC-SHA256 of the manifest bytes (entries, hashes, index)."""
         sig_path = self.path / SIGNATURE
         atomic_write(sig_path, _hmac(key, (self.path / MANIFEST).read_bytes()) + "\n")
+        if self.remote is not None:
+            self.remote.upload(SIGNATURE)
         return sig_path
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive build lock; a second concurrent build is refused."""
+        """Exclusive build lock; a second concurrent build is refused (for a URL: on this machine)."""
         from filelock import FileLock, Timeout  # portable: fcntl would not import on Windows
 
         self.path.mkdir(parents=True, exist_ok=True)
@@ -517,7 +586,7 @@ class Library:
         try:
             return self.entries[entry_id]
         except KeyError:
-            raise EntryNotFoundError(f"no entry {entry_id!r} in {self.path}") from None
+            raise EntryNotFoundError(f"no entry {entry_id!r} in {self.location}") from None
 
     def cache_key(self, record: EntryRecord) -> str:
         """Key of ``record``'s verified state in a `BaseStateCache`."""
@@ -548,8 +617,15 @@ class Library:
         if cache is not None and (hit := cache.get(key)) is not None:
             return hit
         path = self.path / record.state_file
+        if self.remote is not None:
+            self.remote.ensure(record.state_file)  # FileNotFoundError -> "missing"
         buf = read_file(path)  # FileNotFoundError -> "missing"
-        state = decode_state(buf, expected_digest=record.state_digest)
+        try:
+            state = decode_state(buf, expected_digest=record.state_digest)
+        except IntegrityError:
+            if self.remote is not None:
+                path.unlink(missing_ok=True)  # a damaged download is fetched again next time
+            raise
         check_fingerprint(state.fingerprint, runtime_fingerprint)
         if state.entry_id != record.id or state.tokens != record.tokens:
             raise IntegrityError(f"state file {record.state_file} does not belong to entry {record.id!r}")

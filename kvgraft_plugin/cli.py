@@ -16,6 +16,7 @@ import click
 from ._config import KV_TYPES, EngineConfig
 from ._exceptions import KVGraftError, QueryError, SourceError
 from ._sampling import CURATE_SAMPLING, SamplingParams, json_schema_grammar
+from ._store import is_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -83,6 +84,29 @@ def routing_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+class LibraryLocation(click.ParamType):
+    """A library folder, or an fsspec URL (``s3://bucket/lib``) passed on as it is."""
+
+    name = "DIR|URL"
+
+    def __init__(self, *, exists: bool) -> None:
+        self._folder = click.Path(exists=exists, file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """A URL as it is; a folder checked as ``click.Path`` checks it."""
+        return value if is_url(value) else self._folder.convert(value, param, ctx)
+
+
+def cache_dir_option(func: F) -> F:
+    """``--cache-dir``: where a library at a URL is mirrored."""
+    return click.option(  # type: ignore[no-any-return]
+        "--cache-dir",
+        type=click.Path(file_okay=False),
+        envvar="KVGRAFT_CACHE_DIR",
+        help="Where a library URL is mirrored (default ~/.cache/kvgraft/libraries) [env KVGRAFT_CACHE_DIR].",
+    )(func)
 
 
 def stop_option(func: F) -> F:
@@ -187,7 +211,10 @@ def main(verbose: int) -> None:
 
 @main.command()
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
-@click.option("--library", required=True, type=click.Path(file_okay=False), help="Library folder.")
+@click.option(
+    "--library", required=True, type=LibraryLocation(exists=False), help="Library folder or URL (s3://bucket/lib)."
+)
+@cache_dir_option
 @click.option("--rebuild", is_flag=True, help="Rebuild every entry.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted build (the default behaviour; kept for clarity).")
 @click.option("--prune", is_flag=True, help="Remove entries that are not in SOURCE.")
@@ -242,8 +269,8 @@ def build(
     from ._template import auto_format
 
     entries = read_source(source)
-    if (Path(library) / "manifest.json").is_file():  # a library remembers its model and embedder
-        existing = Library.open(library)
+    existing = Library.open_or_create(library, cache_dir=options.get("cache_dir"))
+    if existing.model:  # a library remembers its model and embedder
         if options.get("model_path") is None and (path := remembered_model_path(existing.model)):
             options["model_path"] = str(path)
         stored = existing.embedder.get("name") or ""
@@ -266,6 +293,7 @@ def build(
             index_kind=index_kind,  # type: ignore[arg-type]
             threshold=threshold,
             progress=bar.update,
+            cache_dir=options.get("cache_dir"),
         )
     click.echo(
         f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
@@ -303,7 +331,8 @@ def _read_queries(path: str) -> list[dict[str, Any]]:
 
 @main.command()
 @click.argument("question", required=False)
-@click.option("--library", type=click.Path(file_okay=False), help="Library folder (omit for plain decoding).")
+@click.option("--library", type=LibraryLocation(exists=False), help="Library folder or URL (omit for plain decoding).")
+@cache_dir_option
 @click.option("--mode", type=click.Choice(["auto", "graft", "text-rag", "plain"]), default="auto", show_default=True)
 @click.option("--entry", "entry_id", help="Force this entry instead of routing.")
 @click.option("--queries", type=click.Path(exists=True, dir_okay=False), help="Answer every line of a queries JSONL.")
@@ -333,7 +362,7 @@ def ask(
     if question is not None:
         check_question(question)  # before the model loads
     if entry_id is not None and library is not None:
-        Library.open(library).get(entry_id)
+        Library.open(library, cache_dir=options.get("cache_dir")).get(entry_id)
     with _engine(library, options, max_tokens=max_tokens) as engine:
         for row in rows:
             try:
@@ -359,13 +388,14 @@ def ask(
 
 
 @main.command()
-@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--library", required=True, type=LibraryLocation(exists=True))
+@cache_dir_option
 @click.option("--json", "as_json", is_flag=True)
-def info(library: str, as_json: bool) -> None:
+def info(library: str, cache_dir: str | None, as_json: bool) -> None:
     """Show a library: entries, sizes, fingerprint, index and threshold."""
     from ._library import Library
 
-    lib = Library.open(library)
+    lib = Library.open(library, cache_dir=cache_dir)
     entries: list[dict[str, Any]] = [
         {
             "id": r.id,
@@ -377,7 +407,7 @@ def info(library: str, as_json: bool) -> None:
         for r in lib.entries.values()
     ]
     data: dict[str, Any] = {
-        "library": str(lib.path),
+        "library": lib.location,
         "entries": entries,
         "n_entries": len(entries),
         "state_bytes": sum(e["state_bytes"] for e in entries),
@@ -442,7 +472,8 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
 
 
 @main.command()
-@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--library", required=True, type=LibraryLocation(exists=True))
+@cache_dir_option
 @click.option("--queries", required=True, type=click.Path(exists=True, dir_okay=False), help="Queries JSONL.")
 @click.option("--modes", default="plain,text-rag,graft", show_default=True, help="Comma-separated modes.")
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
@@ -470,7 +501,7 @@ def bench(
     if unknown or not chosen:
         raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
     rows = _read_queries(queries)
-    check = load_checker(checker, Library.open(library)) if checker else None
+    check = load_checker(checker, Library.open(library, cache_dir=options.get("cache_dir"))) if checker else None
     with _engine(library, options) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
         summary = run_bench(
             engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
@@ -482,7 +513,8 @@ def bench(
 
 
 @main.command()
-@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--library", required=True, type=LibraryLocation(exists=True))
+@cache_dir_option
 @click.option(
     "--queries",
     required=True,
@@ -500,7 +532,7 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
     rows = _read_queries(queries)
     with _engine(library, options) as engine:
         chosen, curve = run_calibrate(engine, rows)
-    lib = Library.open(library)
+    lib = Library.open(library, cache_dir=options.get("cache_dir"))
     was_signed = (lib.path / "manifest.sig").is_file()
     lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows)}
     lib.save()
@@ -688,7 +720,8 @@ def curate(
 
 
 @main.command()
-@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--library", required=True, type=LibraryLocation(exists=True))
+@cache_dir_option
 @click.option("--fidelity", is_flag=True, help="Also re-prefill each entry and compare restore + probe bitwise.")
 @click.option("--repair", is_flag=True, help="Rebuild failed or stale entries from the manifest's text.")
 @click.option(
@@ -734,20 +767,23 @@ def keygen(key_file: str) -> None:
 
 
 @main.command()
-@click.option("--library", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--library", required=True, type=LibraryLocation(exists=True))
+@cache_dir_option
 @click.option("--key-file", required=True, type=click.Path(exists=True, dir_okay=False), envvar="KVGRAFT_KEY_FILE")
-def sign(library: str, key_file: str) -> None:
+def sign(library: str, cache_dir: str | None, key_file: str) -> None:
     """Write LIBRARY/manifest.sig: HMAC-SHA256 of the manifest (entries, state hashes, index hash)."""
     from ._library import Library, load_key
 
-    path = Library.open(library).sign(load_key(key_file))
-    click.echo(f"signed {path}")
+    lib = Library.open(library, cache_dir=cache_dir)
+    lib.sign(load_key(key_file))
+    click.echo(f"signed {lib.location}")
 
 
 @main.command()
 @click.option(
-    "--library", type=click.Path(exists=True, file_okay=False), help="Library to serve (none: plain decoding)."
+    "--library", type=LibraryLocation(exists=True), help="Library folder or URL to serve (none: plain decoding)."
 )
+@cache_dir_option
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
