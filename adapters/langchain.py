@@ -107,7 +107,8 @@ class _EnginePool:
             engine.close()
 
     def acquire(self, library: str | None, config: EngineConfig) -> tuple[_PoolKey, GraftEngine]:
-        key = (library if is_url(library) else str(Path(library).resolve()) if library else "", config)
+        where = "" if not library else library if is_url(library) else str(Path(library).resolve())
+        key = (where, config)
         with self._lock:
             engine, users = self._engines.get(key) or (None, 0)
             if engine is None:
