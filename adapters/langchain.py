@@ -283,7 +283,7 @@ class _KVGraftMixin(BaseModel):
     def _identifying_params(self) -> dict[str, Any]:
         engine = self._get_engine() if self.engine is not None or self._engine is not None else None
         return {
-            "library": self.library or (str(engine.library.path) if engine and engine.library else None),
+            "library": self.library or (engine.library.location if engine and engine.library else None),
             "model_path": str(engine.model_path) if engine else self.model_path,
             "mode": self.mode,
             **self._sampling(),

@@ -149,7 +149,7 @@ def _summary(
         + f", {engine.config.llama.n_threads} threads",
         "config": {
             "model": engine.model_path.name,
-            "library": str(engine.library.path) if engine.library else None,
+            "library": engine.library.location if engine.library else None,
             "threshold": engine.threshold,
             "margin": engine.margin,
             "neighbors": engine.config.neighbors,

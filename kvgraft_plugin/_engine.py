@@ -216,7 +216,7 @@ class GraftEngine:
         try:
             _ = self.index
         except LibraryError as exc:
-            logger.warning("library %s cannot route until it is rebuilt: %s", self.library.path, exc)  # type: ignore[union-attr]
+            logger.warning("library %s cannot route until it is rebuilt: %s", self.library.location, exc)  # type: ignore[union-attr]
 
     # -- setup ----------------------------------------------------------------------------------------
 
@@ -435,7 +435,9 @@ class GraftEngine:
         check_question(question)
         self._check_open()
         if self.library is not None and not self.library.trusted:
-            logger.warning("search: library %s is not trusted (%s)", self.library.path, self.library.untrusted_reason)
+            logger.warning(
+                "search: library %s is not trusted (%s)", self.library.location, self.library.untrusted_reason
+            )
             return []
 
         def run() -> list[Hit]:
