@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,13 @@ from ._models import bundled_model_path
 from ._state import atomic_write, encode_state
 from ._template import Entry
 
-__all__ = ["BuildReport", "build_library", "capture_entry"]
+__all__ = ["BuildReport", "EntryBuilder", "build_library", "capture_entry", "encode_entry"]
 
 logger = logging.getLogger(__name__)
+
+#: Builds the given (entry, source sha256) pairs and yields each one's record and state file bytes, in
+#: any order, as each finishes: in this process by default, on Ray workers with ``kvgraft build --ray``.
+EntryBuilder = Callable[[list[tuple[Entry, str]]], Iterable[tuple[EntryRecord, bytes]]]
 
 
 @dataclass
@@ -73,13 +77,16 @@ def build_library(
     threshold: float | None = None,
     progress: Callable[[int], Any] | None = None,
     cache_dir: str | Path | None = None,
+    builder: EntryBuilder | None = None,
 ) -> BuildReport:
     """Build or update the library at ``library_dir`` (a folder or an fsspec URL, mirrored under
     ``cache_dir``) from ``source`` with ``engine``'s model.
 
     ``engine`` must have been created without a library (or on this one) and with the configuration
     the library is to be served with: that configuration becomes the states' fingerprint. Each entry's
-    state is durable (uploaded, for a URL) before the manifest that names it is written.
+    state is durable (uploaded, for a URL) before the manifest that names it is written. ``builder``
+    builds the entries elsewhere (`EntryBuilder`; its states must carry ``engine``'s fingerprint); this
+    process still writes every file and the manifest, one entry at a time as results arrive.
     """
     check_threshold(threshold)
     report = BuildReport()
@@ -124,6 +131,7 @@ def build_library(
                 library.remove(record.state_file)
                 report.removed.append(entry_id)
 
+        pending: list[tuple[Entry, str]] = []
         for entry in wanted:
             old = library.entries.get(entry.id)
             src_sha = source_sha256(entry)
@@ -135,21 +143,29 @@ def build_library(
                 and library.has_state(old)
             ):
                 report.skipped.append(entry.id)
+                if progress is not None:
+                    progress(1)
             else:
                 if old is not None and old.source_sha256 != src_sha:
                     logger.warning("entry %s changed: rebuilding it", entry.id)
-                record = _build_entry(engine, path, entry, src_sha, fp_sha)
-                library.publish(record.state_file)
-                library.entries[entry.id] = record
-                library.save()  # each completed entry is durable before the next starts
-                report.built.append(entry.id)
-                if record.fidelity != "exact":
-                    report.inexact.append(entry.id)
-                    logger.warning(
-                        "entry %s is not bitwise exact (max diff %g): it will not be grafted",
-                        entry.id,
-                        record.fidelity_max_diff,
-                    )
+                pending.append((entry, src_sha))
+
+        build = builder or (lambda items: (encode_entry(engine, entry, sha) for entry, sha in items))
+        for record, data in build(pending):
+            if record.fingerprint_sha256 != fp_sha:
+                raise LibraryError(f"entry {record.id} was built under another configuration than this build's")
+            atomic_write(path / record.state_file, data)
+            library.publish(record.state_file)
+            library.entries[record.id] = record
+            library.save()  # each completed entry is durable before the next is written
+            report.built.append(record.id)
+            if record.fidelity != "exact":
+                report.inexact.append(record.id)
+                logger.warning(
+                    "entry %s is not bitwise exact (max diff %g): it will not be grafted",
+                    record.id,
+                    record.fidelity_max_diff,
+                )
             if progress is not None:
                 progress(1)
 
@@ -175,23 +191,24 @@ def _fit_problems(engine: GraftEngine, entry: Entry) -> list[str]:
     return []
 
 
-def _build_entry(engine: GraftEngine, path: Path, entry: Entry, src_sha: str, fp_sha: str) -> EntryRecord:
+def encode_entry(engine: GraftEngine, entry: Entry, src_sha: str) -> tuple[EntryRecord, bytes]:
+    """Capture ``entry``'s state with ``engine`` (checked bitwise) and encode its state file: the record
+    and the file's bytes, written nowhere yet."""
     tokens, payload, max_diff = capture_entry(engine, entry)
     data = encode_state(entry.id, tokens, engine.fingerprint, payload)
-    state_file = state_file_name(entry.id)
-    atomic_write(path / state_file, data)
-    return EntryRecord(
+    record = EntryRecord(
         entry=entry,
         tokens=tuple(tokens),
-        state_file=state_file,
+        state_file=state_file_name(entry.id),
         state_sha256=hashlib.sha256(data).hexdigest(),
         state_digest=bytes(data[-32:]).hex(),
         state_bytes=len(data),
-        fingerprint_sha256=fp_sha,
+        fingerprint_sha256=fingerprint_sha256(engine.fingerprint),
         source_sha256=src_sha,
         fidelity="exact" if max_diff == 0.0 else "inexact",
         fidelity_max_diff=max_diff,
     )
+    return record, bytes(data)
 
 
 def _model_record(engine: GraftEngine) -> dict[str, Any]:

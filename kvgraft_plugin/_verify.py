@@ -10,8 +10,8 @@ import numpy as np
 
 from ._engine import GraftEngine
 from ._exceptions import IndexMismatchError, KVGraftError, LibraryError, StateError
-from ._library import fingerprint_sha256, source_sha256
-from ._state import read_file
+from ._library import source_sha256
+from ._state import atomic_write, read_file
 from ._template import Entry
 
 __all__ = ["VerifyRow", "verify_library"]
@@ -33,7 +33,7 @@ class VerifyRow:
 
 def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool = False) -> list[VerifyRow]:
     """Check every entry of ``engine.library``; with ``repair``, rebuild the ones that fail."""
-    from ._build import _build_entry
+    from ._build import encode_entry
 
     library = engine.library
     if library is None:
@@ -72,9 +72,10 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
         except StateError as exc:
             row.ok, row.reason = False, f"{exc.reason}: {exc}"
         if not row.ok and repair:
-            library.entries[record.id] = _build_entry(
-                engine, library.path, record.entry, record.source_sha256, fingerprint_sha256(engine.fingerprint)
-            )
+            rebuilt, data = encode_entry(engine, record.entry, record.source_sha256)
+            atomic_write(library.path / rebuilt.state_file, data)
+            library.publish(rebuilt.state_file)
+            library.entries[record.id] = rebuilt
             library.fingerprint = engine.fingerprint
             library.save()
             engine.state_cache.discard(library.cache_key(record))

@@ -244,6 +244,10 @@ def main(verbose: int) -> None:
     help="With --template chat: one of llama.cpp's built-in templates (gemma, chatml, ...) instead of the "
     "model's own; needed when the GGUF has none.",
 )
+@click.option(
+    "--ray", "on_ray", is_flag=True, help="Build the entries on --workers Ray workers (each loads the model)."
+)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="Ray workers, with --ray.")
 @llama_options
 def build(
     source: str,
@@ -258,9 +262,14 @@ def build(
     answer_format: str,
     template: str,
     chat_template: str | None,
+    on_ray: bool,
+    workers: int,
     **options: Any,
 ) -> None:
-    """Build (or update) a library from SOURCE.jsonl: KV states, manifest and index."""
+    """Build (or update) a library from SOURCE.jsonl: KV states, manifest and index.
+
+    With --ray, Ray workers build the entries (each with --n-threads threads, default cores / workers) and
+    this process writes them; set RAY_ADDRESS to use a running Ray cluster."""
     from tqdm import tqdm
 
     from ._build import build_library
@@ -282,6 +291,12 @@ def build(
     config = make_config(
         options, embedder=embedder, answer_format=answer_format, template=template, chat_template=chat_template
     )
+    builder = None
+    if on_ray:
+        from ._build_ray import ray_entry_builder
+
+        threads = options.get("n_threads") or max(1, (os.cpu_count() or 1) // workers)
+        builder = ray_entry_builder(config.replace(llama=config.llama.replace(n_threads=threads)), workers=workers)
     with GraftEngine(None, config=config) as engine, tqdm(total=len(entries), desc="build", unit="entry") as bar:
         report = build_library(
             library,
@@ -294,6 +309,7 @@ def build(
             threshold=threshold,
             progress=bar.update,
             cache_dir=options.get("cache_dir"),
+            builder=builder,
         )
     click.echo(
         f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
@@ -795,6 +811,8 @@ def sign(library: str, cache_dir: str | None, key_file: str) -> None:
     "--max-queue", default=64, show_default=True, type=click.IntRange(0), help="Requests that may wait; then 503."
 )
 @click.option("--max-tokens", type=int, help="Default decode budget when a request sets none (default 64).")
+@click.option("--ray", "on_ray", is_flag=True, help="Run --replicas engines on Ray Serve behind its HTTP proxy.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Engines, with --ray.")
 @routing_options
 @llama_options
 def serve(
@@ -804,9 +822,14 @@ def serve(
     api_key_file: str | None,
     max_queue: int,
     max_tokens: int | None,
+    on_ray: bool,
+    replicas: int,
     **options: Any,
 ) -> None:
-    """Serve the engine over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...)."""
+    """Serve the engine over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
+
+    With --ray, N replicas (each its own engine on the same library: use a URL across machines) serve the
+    same API behind Ray Serve's proxy; set RAY_ADDRESS to join a running Ray cluster."""
     try:
         from .serve import serve as run_server
     except ImportError as exc:
@@ -815,6 +838,16 @@ def serve(
     if api_key_file and not api_key:
         raise click.ClickException(f"{api_key_file} is empty")
     make_config(options, max_tokens=max_tokens)  # a bad option fails before the model loads
+    if on_ray:
+        try:
+            from .serve.ray import serve_on_ray
+        except ImportError as exc:  # pragma: no cover - only without the extra
+            raise click.ClickException(f"kvgraft serve --ray needs: pip install 'kvgraft-plugin[ray]' ({exc})") from exc
+        settings = {k: v for k, v in {**options, "max_tokens": max_tokens}.items() if v is not None}
+        serve_on_ray(library, settings, host=host, port=port, replicas=replicas, api_key=api_key, max_queue=max_queue)
+        return
+    if replicas != 1:
+        raise click.UsageError("--replicas needs --ray")
     run_server(
         lambda: _engine(library, options, max_tokens=max_tokens),
         host=host, port=port, api_key=api_key, max_queue=max_queue,

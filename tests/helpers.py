@@ -1,8 +1,17 @@
-"""Bitwise comparison that explains itself when it fails."""
+"""Bitwise comparison that explains itself when it fails, and a free localhost port for test servers."""
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def logit_report(expected: np.ndarray, got: np.ndarray) -> str:

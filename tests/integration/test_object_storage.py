@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvgraft_plugin import GraftEngine, build_library
-from kvgraft_plugin._build import _build_entry
+from kvgraft_plugin._build import encode_entry
 from kvgraft_plugin._library import Library
 from kvgraft_plugin.cli import main
+from tests.helpers import free_port
 
 QUESTIONS = ["What is 17 times 23?", "What is the greatest common divisor of 84 and 126?", "What is 0xff in decimal?",
              "What is the capital of France?"]  # fmt: skip
@@ -25,9 +25,7 @@ QUESTIONS = ["What is 17 times 23?", "What is the greatest common divisor of 84 
 @pytest.fixture(scope="module")
 def s3():
     """An S3 endpoint with one bucket; yields an s3fs filesystem. The environment points fsspec at it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -121,10 +119,10 @@ def test_a_build_killed_midway_leaves_a_consistent_library_and_resumes(
     def dies_on_the_third(*args, **kwargs):
         if len(built) == 2:
             raise KeyboardInterrupt  # the process is killed while building its third entry
-        built.append(args[2].id)
-        return _build_entry(*args, **kwargs)
+        built.append(args[1].id)
+        return encode_entry(*args, **kwargs)
 
-    monkeypatch.setattr("kvgraft_plugin._build._build_entry", dies_on_the_third)
+    monkeypatch.setattr("kvgraft_plugin._build.encode_entry", dies_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         build_library(url, entries, engine=gemma, cache_dir=tmp_path / "c1")
     reader = Library.open(url, cache_dir=tmp_path / "reader")

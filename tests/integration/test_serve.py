@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ import httpx
 import pytest
 
 from kvgraft_plugin import GraftEngine, json_schema_grammar
+from tests.helpers import free_port
 
 KEY = "test-key-123"
 QUESTION = "What is 17 times 23?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(library, gemma_path, tmp_path, *extra):
