@@ -1,5 +1,7 @@
 """A library on object storage: a real S3 API (moto's server, in a subprocess on a free localhost port),
-read and written through fsspec/s3fs with credentials and endpoint from the environment."""
+read and written through fsspec/s3fs with credentials and endpoint from the environment. Reading is shown
+on the bundled Gemma library; writing on a tiny random-weight llama model, which loads in milliseconds
+(storage does not depend on the model, and graft = text RAG holds on any)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,28 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from kvgraft_plugin import GraftEngine, build_library
+from kvgraft_plugin import Entry, GraftEngine, build_library
 from kvgraft_plugin._build import encode_entry
+from kvgraft_plugin._doctor import MATRIX_SETTINGS
 from kvgraft_plugin._library import Library
+from kvgraft_plugin._tiny_models import write_tiny_model
 from kvgraft_plugin.cli import main
 from tests.helpers import free_port
 
+ENTRIES = [
+    Entry("mul", "What is 17 times 23?", "17 times 23 is 391.", "391"),
+    Entry("hex", "What is 0xff in decimal?", "0xff is 15 * 16 + 15 = 255.", "255"),
+    Entry("gcd", "What is the greatest common divisor of 84 and 126?", "126 - 84 = 42, which divides 84.", "42"),
+]
 QUESTIONS = ["What is 17 times 23?", "What is the greatest common divisor of 84 and 126?", "What is 0xff in decimal?",
              "What is the capital of France?"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """`GraftEngine` settings of a tiny llama model."""
+    model = write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama.gguf", "llama")
+    return {**MATRIX_SETTINGS, "n_ctx": 1024, "model_path": str(model)}
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +89,12 @@ def test_a_library_in_a_bucket_grafts_exactly_as_on_disk(s3, small_library, gemm
     assert len(fetched) == 3  # states are fetched on first use, not with the manifest
 
 
-def test_build_verify_and_sign_at_a_url_and_a_corrupt_object_falls_back(s3, gemma_path, example_entries, tmp_path):
+def test_build_verify_and_sign_at_a_url_and_a_corrupt_object_falls_back(s3, tiny, tmp_path):
     source = tmp_path / "src.jsonl"
-    wanted = {"mul-17x23", "hex-ff"}
-    source.write_text("".join(json.dumps(e.to_json()) + "\n" for e in example_entries if e.id in wanted))
+    source.write_text("".join(json.dumps(e.to_json()) + "\n" for e in ENTRIES[:2]))
     url = "s3://kvgraft/built"
-    cli = ["--model", str(gemma_path), "--n-threads", "2", "--cache-dir", str(tmp_path / "c1")]
+    llama = [f"--{k.replace('_', '-')}" if k != "model_path" else "--model" for k in tiny]
+    cli = [x for pair in zip(llama, map(str, tiny.values())) for x in pair] + ["--cache-dir", str(tmp_path / "c1")]
     result = CliRunner().invoke(main, ["build", str(source), "--library", url, *cli], catch_exceptions=False)
     assert result.exit_code == 0 and "built 2" in result.output, result.output
     assert {p.rsplit("/", 1)[-1] for p in s3.ls("kvgraft/built")} >= {"manifest.json", "states"}
@@ -92,29 +108,29 @@ def test_build_verify_and_sign_at_a_url_and_a_corrupt_object_falls_back(s3, gemm
     s3.invalidate_cache()
     assert result.exit_code == 0 and s3.exists("kvgraft/built/manifest.sig"), result.output
 
-    settings = {"model_path": str(gemma_path), "n_threads": 2, "key_file": str(key)}
+    settings = {**tiny, "key_file": str(key)}
     with GraftEngine(url, cache_dir=str(tmp_path / "c2"), **settings) as engine:
-        graft = engine.ask("What is 17 times 23?")
-        assert graft.route == "graft" and graft.text == "391"
-        record = engine.library.get("mul-17x23")
+        graft = engine.ask("What is 17 times 23?", max_tokens=8)
+        assert (
+            graft.route == "graft"
+            and graft.text == engine.ask("What is 17 times 23?", mode="text-rag", max_tokens=8).text
+        )
+        record = engine.library.get("mul")
     # flip one byte of the state object in the bucket: a fresh reader falls back to text RAG, same answer
     state_key = f"kvgraft/built/{record.state_file}"
     data = bytearray(s3.cat_file(state_key))
     data[len(data) // 2] ^= 0x01
     s3.pipe_file(state_key, bytes(data))
     with GraftEngine(url, cache_dir=str(tmp_path / "c3"), **settings) as engine:
-        damaged = engine.ask("What is 17 times 23?")
+        damaged = engine.ask("What is 17 times 23?", max_tokens=8)
         assert damaged.route == "text-rag" and damaged.fallback_reason.startswith("integrity")
         assert damaged.text == graft.text
         assert not (engine.library.path / record.state_file).exists()  # the bad download is not kept
 
 
-def test_a_build_killed_midway_leaves_a_consistent_library_and_resumes(
-    s3, gemma, example_entries, tmp_path, monkeypatch
-):
+def test_a_build_killed_midway_leaves_a_consistent_library_and_resumes(s3, tiny, tmp_path, monkeypatch):
     """Every manifest the bucket ever holds names only states already uploaded; a rerun builds the rest."""
-    url, entries = "s3://kvgraft/killed", [e for e in example_entries if e.id in {"mul-17x23", "hex-ff", "gcd-84-126"}]
-    built = []
+    url, entries, built = "s3://kvgraft/killed", ENTRIES, []
 
     def dies_on_the_third(*args, **kwargs):
         if len(built) == 2:
@@ -123,12 +139,14 @@ def test_a_build_killed_midway_leaves_a_consistent_library_and_resumes(
         return encode_entry(*args, **kwargs)
 
     monkeypatch.setattr("kvgraft_plugin._build.encode_entry", dies_on_the_third)
+    engine = GraftEngine(None, **tiny)
     with pytest.raises(KeyboardInterrupt):
-        build_library(url, entries, engine=gemma, cache_dir=tmp_path / "c1")
+        build_library(url, entries, engine=engine, cache_dir=tmp_path / "c1")
     reader = Library.open(url, cache_dir=tmp_path / "reader")
     assert sorted(reader.entries) == sorted(built)
     assert all(s3.exists(f"kvgraft/killed/{r.state_file}") for r in reader.entries.values())
     monkeypatch.undo()
-    report = build_library(url, entries, engine=gemma, cache_dir=tmp_path / "c2")  # another machine's mirror
+    report = build_library(url, entries, engine=engine, cache_dir=tmp_path / "c2")  # another machine's mirror
+    engine.close()
     assert sorted(report.skipped) == sorted(built) and len(report.built) == 1
     assert sorted(Library.open(url, cache_dir=tmp_path / "reader").entries) == sorted(e.id for e in entries)
