@@ -16,8 +16,10 @@ from click.testing import CliRunner
 
 from kvgraft_plugin import GraftEngine
 from kvgraft_plugin._library import Library
+from kvgraft_plugin._tiny_models import write_tiny_model
 from kvgraft_plugin.cli import main
 from tests.helpers import free_port
+from tests.integration.test_object_storage import ENTRIES
 from tests.integration.test_serve import KEY
 
 QUESTIONS = ["What is 17 times 23?", "What is the capital of France?",
@@ -78,11 +80,12 @@ def test_two_replicas_answer_as_one_process_and_lose_no_request(small_library, g
     assert code == 0
 
 
-def test_build_on_ray_workers_writes_the_states_a_local_build_writes(example_entries, gemma_path, tmp_path):
+def test_build_on_ray_workers_writes_the_states_a_local_build_writes(tmp_path):
+    """Two workers build bitwise the states one process builds (a tiny llama model: it loads in ms)."""
+    model = write_tiny_model(tmp_path / "llama.gguf", "llama")
     source = tmp_path / "src.jsonl"
-    wanted = {"mul-17x23", "hex-ff", "gcd-84-126"}
-    source.write_text("".join(json.dumps(e.to_json()) + "\n" for e in example_entries if e.id in wanted))
-    common = ["--model", str(gemma_path), "--n-threads", "1"]
+    source.write_text("".join(json.dumps(e.to_json()) + "\n" for e in ENTRIES))
+    common = ["--model", str(model), "--n-threads", "1", "--n-ctx", "1024", "--n-batch", "64", "--n-ubatch", "64"]
     on_ray = CliRunner().invoke(
         main, ["build", str(source), "--library", str(tmp_path / "ray"), "--ray", "--workers", "2", *common]
     )
