@@ -511,7 +511,8 @@ class ChainSampler:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
         token = self._pick(logits, constrained=False)
         if not self._allowed(token, float(logits[token])):
-            token = (self._shortlist and self._best_allowed(logits)) or self._pick(logits, constrained=True)
+            best = self._best_allowed(logits) if self._shortlist else None
+            token = best if best is not None else self._pick(logits, constrained=True)
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
@@ -533,9 +534,10 @@ class ChainSampler:
         return int(candidates["id"][array.selected])
 
     def _best_allowed(self, logits: np.ndarray) -> int | None:
-        """The most likely token among the best `_SHORTLIST` that the grammar allows (``None``: none is)."""
-        best = np.argpartition(logits, -_SHORTLIST)[-_SHORTLIST:]
-        best = best[np.argsort(-logits[best], kind="stable")]  # ties: lower id first, as greedy takes
+        """The most likely token the grammar allows, if it is among the best `_SHORTLIST` and beats every
+        token outside them (``None``: mask the whole vocabulary instead)."""
+        best = np.sort(np.argpartition(logits, -_SHORTLIST)[-_SHORTLIST:])
+        best = best[np.argsort(-logits[best], kind="stable")]  # ties: lower id first, as the greedy sampler
         shortlist = np.zeros(_SHORTLIST, dtype=_TOKEN_DATA)
         shortlist["id"], shortlist["logit"] = best, logits[best]
         array = llama_cpp.llama_token_data_array(
@@ -543,7 +545,9 @@ class ChainSampler:
         )
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
         allowed = np.flatnonzero(np.isfinite(shortlist["logit"]))
-        return int(shortlist["id"][allowed[0]]) if len(allowed) else None
+        if not len(allowed) or logits[shortlist["id"][allowed[0]]] <= logits[best[-1]]:
+            return None  # none allowed, or a token left out could tie with the choice
+        return int(shortlist["id"][allowed[0]])
 
     def _allowed(self, token: int, logit: float) -> bool:
         """Whether the grammar accepts ``token`` next (it masks a rejected one to -inf)."""

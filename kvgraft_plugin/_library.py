@@ -424,9 +424,9 @@ class Library:
         """The library at ``path`` (folder or URL), or an empty one there when it has no manifest yet."""
         if is_url(path):
             remote = RemoteLibrary(str(path), cache_dir=cache_dir)
-            if remote.pull():
-                return cls.open(path, cache_dir=cache_dir, _remote=remote)
-            return cls(remote.mirror, remote=remote)
+            library = cls._open_folder(remote.mirror, None) if remote.pull() else cls(remote.mirror)
+            library.remote = remote
+            return library
         return cls.open(path) if (Path(path) / MANIFEST).is_file() else cls.create(path)
 
     @classmethod
@@ -437,7 +437,6 @@ class Library:
         key: bytes | None = None,
         cache_dir: str | Path | None = None,
         cache_bytes: int = DEFAULT_REMOTE_CACHE_BYTES,
-        _remote: RemoteLibrary | None = None,
     ) -> Library:
         """Load ``path/manifest.json``; ``path`` may be a URL (mirrored under ``cache_dir``, its states kept
         within ``cache_bytes``). With ``key``, check ``manifest.sig`` first.
@@ -445,8 +444,8 @@ class Library:
         A bad signature does not raise: the library is returned with ``trusted=False`` so that the
         engine can still decode plainly and report ``unsigned``.
         """
-        remote = _remote
-        if remote is None and is_url(path):
+        remote = None
+        if is_url(path):
             remote = RemoteLibrary(str(path), cache_dir=cache_dir, budget_bytes=cache_bytes)
             if not remote.pull():
                 raise LibraryError(f"{path} is not a kvgraft library (no {MANIFEST}); run `kvgraft build`")
