@@ -412,11 +412,9 @@ class Library:
         return self.remote.url if self.remote is not None else str(self.path)
 
     @classmethod
-    def create(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Library:
-        """An empty library at ``path``, a folder or a URL (nothing is written until `save`)."""
-        if is_url(path):
-            remote = RemoteLibrary(str(path), cache_dir=cache_dir)
-            return cls(remote.mirror, remote=remote)
+    def create(cls, path: str | Path) -> Library:
+        """An empty library in the folder ``path`` (nothing is written until `save`); for a URL, use
+        `open_or_create`."""
         return cls(Path(path))
 
     @classmethod
