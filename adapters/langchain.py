@@ -9,7 +9,7 @@ Construction: ``ChatKVGraft(library="lib/")`` with any llama.cpp or routing sett
 library path share one engine per (library, llama.cpp context settings, embedder, key) through a
 process-wide pool, so creating many instances (as langchain-tests does) loads the model once. Routing
 (``threshold``, ``margin``, ``neighbors``, ``guards``, ``fallback``) and generation (``max_tokens``,
-``stop`` and every `SamplingParams` field: ``temperature``, ``top_k``, ``top_p``, ``min_p``, the
+``decode``, ``stop`` and every `SamplingParams` field: ``temperature``, ``top_k``, ``top_p``, ``min_p``, the
 penalties, ``seed``, ``grammar``) are passed with each request, never part of that key. An engine is
 closed when the last instance using it is released (`release`) or garbage-collected.
 
@@ -76,7 +76,7 @@ __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 #: What pins an engine: its llama.cpp context, its embedder and its key. Everything else goes per request.
 _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
-    "swa_full", "embedder", "key_file", "cache_dir",
+    "swa_full", "repack", "embedder", "key_file", "cache_dir",
 )  # fmt: skip
 _ROUTING_SETTINGS = ("threshold", "margin", "neighbors", "guards", "fallback")
 _PoolKey = tuple[str, EngineConfig]
@@ -182,6 +182,8 @@ class _KVGraftMixin(BaseModel):
     """Flash attention (default off)."""
     swa_full: bool | None = None
     """Full-size sliding-window cache (default on: needed for exact grafts past ~1000 tokens)."""
+    repack: bool | None = None
+    """llama.cpp's repacked CPU weights (default off: batches then give one-token steps' logits)."""
     embedder: str | None = None
     """sentence-transformers model name or path (default: the library's)."""
     threshold: float | None = None
@@ -216,6 +218,9 @@ class _KVGraftMixin(BaseModel):
     """GBNF grammar that constrains every answer (`with_structured_output` sets one per call)."""
     max_tokens: int = 64
     """Decode budget."""
+    decode: Literal["auto", "step", "lookup"] | None = None
+    """``lookup`` drafts answer tokens from the grafted entry and verifies them in batches, ``step`` decodes
+    one token per llama.cpp call; the text is the same. Default ``auto``: lookup where proven exact."""
     stop: list[str] | None = None
     """Stop strings (default: the library format's: the newline for answers, the end marker for solutions)."""
     timeout: float | None = None
@@ -271,6 +276,7 @@ class _KVGraftMixin(BaseModel):
             mode=kwargs.get("mode", self.mode),
             entry_id=kwargs.get("entry_id"),
             max_tokens=kwargs.get("max_tokens", self.max_tokens),
+            decode=kwargs.get("decode", self.decode),
             stop=tuple(stops) if stops is not None else None,
             system=kwargs.get("system"),
             history=kwargs.get("history", ()),

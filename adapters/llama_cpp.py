@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import struct
 import threading
 from collections.abc import Sequence
@@ -30,13 +31,19 @@ from .._fingerprint import chunk_sizes
 from .._sampling import SamplingParams
 from .._state import StateLayout
 
+# ggml's tiled K-quant matmul (CPU backend, batches of 8 or more rows; read once per process, at the first
+# matmul) sums in another order than the one-row kernel: on Gemma 3 Q4_K_M a batch of 8 tokens then gave
+# logits up to 4.4 away from 8 one-token steps, so lookup decoding could verify at most 7 tokens. Off it,
+# batches of 16 were bitwise equal, at ~6% of prefill speed. A user's own GGML_CPU_TILED_MM is kept.
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
 try:
     import llama_cpp
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 except ImportError as exc:  # pragma: no cover - llama-cpp-python is a core dependency
     raise ImportError("kvgraft needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36'") from exc
 
-__all__ = ["ChainSampler", "LlamaBackend", "SeqStateInfo", "inspect_seq_state", "llama_cpp_version"]
+__all__ = ["ChainSampler", "LlamaBackend", "SeqStateInfo", "inspect_seq_state", "llama_cpp_version", "tiled_matmul"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,14 @@ _SEQ_HEADER = struct.Struct("<Ii")
 _U32 = struct.Struct("<I")
 _LAYER_HEADER = struct.Struct("<iQ")
 _VTRANS_HEADER = struct.Struct("<iII")
+
+
+def tiled_matmul() -> bool:
+    """Whether ggml's tiled K-quant matmul is on in this process (it changes the bits of batches of 8+)."""
+    try:
+        return int(os.environ.get("GGML_CPU_TILED_MM", "1")) != 0
+    except ValueError:  # ggml's atoi reads a non-number as 0
+        return False
 
 
 def llama_cpp_version() -> str:
@@ -205,6 +220,7 @@ class LlamaBackend:
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
+        mparams.use_extra_bufts = config.repack
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise BackendError(f"llama.cpp could not load the model {path}")
@@ -233,6 +249,7 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = config.n_batch
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
         self.arch = self.meta("general.architecture")
         self.layout = _layout(self._model, self.n_swa)
@@ -326,18 +343,38 @@ class LlamaBackend:
         every route.
         """
         self._feed(tokens)
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return self.logits(-1)
 
     def decode(self, token: int) -> None:
         """Feed one decoded token; its logits stay in the context for `ChainSampler.sample`."""
         self._feed((token,))
 
+    def verify(self, tokens: Sequence[int]) -> None:
+        """Feed ``tokens`` as one batch with logits at every position (``sample(i)`` reads output ``i``).
+
+        Bitwise equal to feeding them one at a time only on a build and settings that `_invariance`
+        proved batch-invariant up to ``len(tokens)``; the lookup decoder never asks for more."""
+        if not 0 < len(tokens) <= self.n_batch:
+            raise ConfigError(f"a verified batch holds 1 to n_batch={self.n_batch} tokens, got {len(tokens)}")
+        self._feed(tokens, all_logits=True)
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every position from ``n_tokens`` on (llama.cpp's ``llama_memory_seq_rm``)."""
+        if n_tokens >= self.n_past:
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_tokens, -1):
+            raise BackendError(f"llama.cpp cannot drop positions {n_tokens}.. of this {self.arch} model's memory")
+        self.n_past = n_tokens
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        """A copy of output ``index``'s logits from the last batch fed."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self.n_vocab,)).copy()
+
     def sampler(self, params: SamplingParams, history: Sequence[int]) -> ChainSampler:
         """A sampler chain for one request, its penalties primed with ``history`` (the context so far)."""
         return ChainSampler(self, params, history)
 
-    def _feed(self, tokens: Sequence[int]) -> None:
+    def _feed(self, tokens: Sequence[int], *, all_logits: bool = False) -> None:
         if not tokens:
             raise ConfigError("prefill needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
@@ -353,7 +390,7 @@ class LlamaBackend:
                 batch.pos[i] = self.n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = 0
+                batch.logits[i] = all_logits
             last = start == len(tokens)
             batch.logits[len(chunk) - 1] = 1 if last else 0
             rc = llama_cpp.llama_decode(self._ctx, batch)
@@ -504,11 +541,12 @@ class ChainSampler:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)  # the chain owns and frees it
         return sampler
 
-    def sample(self) -> int:
-        """Choose the next token from the last token's logits, and record it in the chain (and grammar)."""
+    def sample(self, index: int = -1) -> int:
+        """Choose the next token from output ``index``'s logits (``-1``: the last token fed), and record it
+        in the chain (and grammar)."""
         if self._grammar is None:
-            return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, -1))
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
+            return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, index))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
         token = self._pick(logits, constrained=False)
         if not self._allowed(token, float(logits[token])):
             best = self._best_allowed(logits) if self._shortlist else None

@@ -21,8 +21,9 @@ __all__ = ["Backend", "TokenSampler"]
 class TokenSampler(Protocol):
     """Chooses tokens for one request (`SamplingParams`); made by `Backend.sampler`."""
 
-    def sample(self) -> int:
-        """The next token, from the logits of the last token fed; it joins the sampler's history."""
+    def sample(self, index: int = -1) -> int:
+        """The next token, from the logits of output ``index`` of the last batch fed (``-1``: its last); it
+        joins the sampler's history."""
 
     def close(self) -> None:
         """Free what the sampler holds."""
@@ -39,6 +40,8 @@ class Backend(Protocol):
     n_vocab: int
     n_past: int
     """Positions held in the cache."""
+    n_batch: int
+    """The most tokens one `verify` may feed."""
     layout: StateLayout
     """What a captured state holds."""
 
@@ -68,6 +71,15 @@ class Backend(Protocol):
 
     def decode(self, token: int) -> None:
         """Feed one decoded token; its logits are kept for the sampler."""
+
+    def verify(self, tokens: Sequence[int]) -> None:
+        """Feed ``tokens`` (at most ``n_batch``) as one batch with logits at every position, for the sampler."""
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every position from ``n_tokens`` on (rejected draft tokens)."""
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        """A copy of output ``index``'s logits from the last batch fed."""
 
     def sampler(self, params: SamplingParams, history: Sequence[int]) -> TokenSampler:
         """A sampler for one request; ``history`` (the context so far) primes its penalties."""

@@ -2,6 +2,8 @@
 
 Modes: ``plain`` never uses the library; ``text-rag`` routes and pastes the matched entry's text;
 ``graft`` is the full ``auto`` chain (route, graft, fall back to text RAG or plain with a reason).
+With several decoders (``step``, ``lookup``) every mode runs under each, one after the other on each
+query, and the runs are labelled ``mode/decoder``; the summary then compares their texts and speeds.
 """
 
 from __future__ import annotations
@@ -31,29 +33,38 @@ def run_bench(
     max_tokens: int | None = None,
     checker: Checker | None = None,
     progress: Callable[[int], Any] | None = None,
+    decoders: Iterable[str] = ("step",),
 ) -> dict[str, Any]:
     """Run the bench, write ``results.jsonl``, ``summary.json``, ``summary.md`` and plots to ``out``.
 
     ``checker`` replaces the default answer check; without one, rows with no ``answer`` get
-    ``correct: null``.
+    ``correct: null``. Each row carries its ``mode``, the ``decode`` used and its ``run`` label.
     """
-    modes = list(modes)
+    modes, decoders = list(modes), list(decoders)
+    runs = {(m, d): m if len(decoders) == 1 else f"{m}/{d}" for m in modes for d in decoders}
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    by_mode: dict[str, dict[str, GraftResult]] = {m: {} for m in modes}
+    by_run: dict[str, dict[str, GraftResult]] = {label: {} for label in runs.values()}
     for mode in modes:
         for query in queries:
-            result = engine.ask(query["question"], mode=_ENGINE_MODE[mode], max_tokens=max_tokens)  # type: ignore[arg-type]
-            by_mode[mode][query["id"]] = result
-            rows.append(_row(query, mode, result, checker))
-            if progress is not None:
-                progress(1)
+            for decode in decoders:  # alternating on each query: the decoders' timings see the same machine
+                result = engine.ask(
+                    query["question"],
+                    mode=_ENGINE_MODE[mode],
+                    max_tokens=max_tokens,
+                    decode=decode,  # type: ignore[arg-type]
+                )
+                label = runs[mode, decode]
+                by_run[label][query["id"]] = result
+                rows.append({**_row(query, mode, result, checker), "run": label})
+                if progress is not None:
+                    progress(1)
     with (out / "results.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-    summary = _summary(engine, queries, rows, by_mode, modes, max_tokens)
-    summary["plots"] = _plots(rows, modes, out)
+    summary = _summary(engine, queries, rows, by_run, runs, max_tokens)
+    summary["plots"] = _plots(rows, list(runs.values()), out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(render_markdown(summary))
     return summary
@@ -76,7 +87,20 @@ def _row(query: Mapping[str, Any], mode: str, result: GraftResult, checker: Chec
         "text": result.text,
         "answer_extracted": extract_answer(result.text),
         "correct": correct,
-        **{k: data[k] for k in ("prefill_tokens", "restored_tokens", "decode_tokens", "ttft_ms", "total_ms")},
+        **{
+            k: data[k]
+            for k in (
+                "prefill_tokens",
+                "restored_tokens",
+                "decode_tokens",
+                "ttft_ms",
+                "total_ms",
+                "decode",
+                "decode_ms",
+                "drafted_tokens",
+                "accepted_tokens",
+            )
+        },  # fmt: skip
         "prefix_tokens": result.prefill_tokens + result.restored_tokens,
     }
 
@@ -85,15 +109,17 @@ def _summary(
     engine: GraftEngine,
     queries: list[dict[str, Any]],
     rows: list[dict[str, Any]],
-    by_mode: dict[str, dict[str, GraftResult]],
-    modes: list[str],
+    by_run: dict[str, dict[str, GraftResult]],
+    runs: Mapping[tuple[str, str], str],
     max_tokens: int | None,
 ) -> dict[str, Any]:
     per_mode: dict[str, Any] = {}
-    for mode in modes:
-        mode_rows = [r for r in rows if r["mode"] == mode]
+    for label in runs.values():
+        mode_rows = [r for r in rows if r["run"] == label]
         checked = [r for r in mode_rows if r["correct"] is not None]
-        per_mode[mode] = {
+        decode_s = sum(r["decode_ms"] for r in mode_rows) / 1000
+        drafted = sum(r["drafted_tokens"] for r in mode_rows)
+        per_mode[label] = {
             "n": len(mode_rows),
             "checked": len(checked),
             "correct": sum(1 for r in checked if r["correct"]),
@@ -104,33 +130,38 @@ def _summary(
             "prefill_tokens": sum(r["prefill_tokens"] for r in mode_rows),
             "restored_tokens": sum(r["restored_tokens"] for r in mode_rows),
             "decode_tokens": sum(r["decode_tokens"] for r in mode_rows),
+            "decode_tokens_per_s": sum(r["decode_tokens"] for r in mode_rows) / decode_s if decode_s else None,
+            "drafted_tokens": drafted,
+            "acceptance": sum(r["accepted_tokens"] for r in mode_rows) / drafted if drafted else None,
             "routes": {k: sum(1 for r in mode_rows if r["route"] == k) for k in ("graft", "text-rag", "plain")},
         }
 
     identical = n_grafted = 0
-    if "graft" in by_mode and "text-rag" in by_mode:
-        for qid, result in by_mode["graft"].items():
+    for (mode, decode), label in runs.items():
+        if mode != "graft":
+            continue
+        rag = by_run.get(runs.get(("text-rag", decode), ""))
+        for qid, result in by_run[label].items():
             if result.route == "graft":
                 n_grafted += 1
-                identical += result.text == by_mode["text-rag"][qid].text
-    else:
-        n_grafted = sum(1 for r in by_mode.get("graft", {}).values() if r.route == "graft")
+                identical += rag is not None and result.text == rag[qid].text
 
+    first = {mode: runs[mode, decode] for mode, decode in reversed(list(runs))}  # each mode's first decoder
     labelled = [q for q in queries if "expect_entry" in q]
-    graft_results = by_mode.get("graft", {})
+    graft_results = by_run.get(first.get("graft", ""), {})
     hits = sum(1 for q in labelled if q["id"] in graft_results and graft_results[q["id"]].entry_id == q["expect_entry"])
-    for mode in modes:
-        per_mode[mode].update(routing_errors(engine, queries, by_mode[mode]))
-    if "graft" in by_mode:
-        per_mode["graft"]["by_kind"] = by_kind(
-            engine, queries, by_mode["graft"], {r["id"]: r for r in rows if r["mode"] == "graft"}
+    for label in runs.values():
+        per_mode[label].update(routing_errors(engine, queries, by_run[label]))
+    if "graft" in first:
+        per_mode[first["graft"]]["by_kind"] = by_kind(
+            engine, queries, graft_results, {r["id"]: r for r in rows if r["run"] == first["graft"]}
         )
 
     covered = [q["id"] for q in queries if q.get("expect_entry")]
     tokens: dict[str, Any] = {"plain_max_tokens": max_tokens or engine.config.max_tokens, "covered": len(covered)}
-    if covered and "plain" in by_mode and "graft" in by_mode:
-        plain_dec = sum(by_mode["plain"][i].decode_tokens for i in covered)
-        graft_dec = sum(by_mode["graft"][i].decode_tokens for i in covered)
+    if covered and "plain" in first and "graft" in first:
+        plain_dec = sum(by_run[first["plain"]][i].decode_tokens for i in covered)
+        graft_dec = sum(by_run[first["graft"]][i].decode_tokens for i in covered)
         tokens.update(plain_decode=plain_dec, graft_decode=graft_dec, reduction=plain_dec / max(graft_dec, 1))
 
     return {
@@ -145,6 +176,7 @@ def _summary(
             "false_copies": per_mode.get("graft", {}).get("false_copies", 0),
         },
         "decode_tokens_on_covered": tokens,
+        "decoders": _decoder_comparison(by_run, runs, covered),
         "machine": " ".join(x for x in (platform.machine(), _cpu_name()) if x)
         + f", {engine.config.llama.n_threads} threads",
         "config": {
@@ -157,6 +189,37 @@ def _summary(
             **{k: v for k, v in engine.fingerprint.items() if k not in ("system_info", "gguf_sha256")},
         },
     }
+
+
+def _decoder_comparison(
+    by_run: Mapping[str, Mapping[str, GraftResult]], runs: Mapping[tuple[str, str], str], covered: list[str]
+) -> dict[str, Any]:
+    """Per mode run under both ``step`` and ``lookup``: how often lookup's text is step's, and the ratios of
+    decode speed and end-to-end time (medians), over all queries and over the covered ones."""
+    out: dict[str, Any] = {}
+    for mode in dict.fromkeys(m for m, _ in runs):
+        if (mode, "step") not in runs or (mode, "lookup") not in runs:
+            continue
+        step, lookup = by_run[runs[mode, "step"]], by_run[runs[mode, "lookup"]]
+        row: dict[str, Any] = {
+            "same_text": sum(step[q].text == lookup[q].text for q in step),
+            "n": len(step),
+        }
+        for name, ids in (("all", list(step)), ("covered", [q for q in covered if q in step])):
+            if ids:
+                row[name] = {
+                    "decode_speedup": statistics.median(_rate(lookup[q]) / _rate(step[q]) for q in ids),
+                    "total_ms_step": statistics.median(step[q].total_ms for q in ids),
+                    "total_ms_lookup": statistics.median(lookup[q].total_ms for q in ids),
+                    "total_ratio": statistics.median(lookup[q].total_ms / step[q].total_ms for q in ids),
+                }
+        out[mode] = row
+    return out
+
+
+def _rate(result: GraftResult) -> float:
+    """Decode tokens per second of one answer."""
+    return result.decode_tokens / max(result.decode_ms, 1e-3) * 1000
 
 
 def _expected(query: Mapping[str, Any]) -> str | None:
@@ -235,21 +298,33 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     """``summary.md``: the per-mode table with ratios against plain and text RAG."""
     modes = summary["modes"]
     lines = [
-        "| mode | correct | accuracy | median TTFT ms | TTFT vs plain | TTFT vs text-rag | prefill tok | restored tok "
-        "| decode tok | routes (graft/text-rag/plain) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| run | correct | accuracy | median TTFT ms | TTFT vs plain | TTFT vs text-rag | median total ms "
+        "| prefill tok | restored tok | decode tok | decode tok/s | acceptance | routes (graft/text-rag/plain) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base = modes.get("plain", {}).get("ttft_ms_median")
-    rag = modes.get("text-rag", {}).get("ttft_ms_median")
+    base = next((m["ttft_ms_median"] for label, m in modes.items() if label.split("/")[0] == "plain"), None)
+    rag = next((m["ttft_ms_median"] for label, m in modes.items() if label.split("/")[0] == "text-rag"), None)
     for mode, m in modes.items():
         acc = f"{m['accuracy']:.1%}" if m["accuracy"] is not None else "-"
         vs_plain = f"{m['ttft_ms_median'] / base:.2f}x" if base else "-"
         vs_rag = f"{m['ttft_ms_median'] / rag:.2f}x" if rag else "-"
         routes = "/".join(str(m["routes"][k]) for k in ("graft", "text-rag", "plain"))
+        rate = f"{m['decode_tokens_per_s']:.1f}" if m["decode_tokens_per_s"] else "-"
+        accepted = f"{m['acceptance']:.0%}" if m["acceptance"] is not None else "-"
         lines.append(
             f"| {mode} | {m['correct']}/{m['checked']} | {acc} | {m['ttft_ms_median']:.0f} | {vs_plain} | {vs_rag} "
-            f"| {m['prefill_tokens']} | {m['restored_tokens']} | {m['decode_tokens']} | {routes} |"
+            f"| {m['total_ms_median']:.0f} | {m['prefill_tokens']} | {m['restored_tokens']} | {m['decode_tokens']} "
+            f"| {rate} | {accepted} | {routes} |"
         )
+    for mode, d in summary.get("decoders", {}).items():
+        lines.append(f"\n- {mode}: lookup text equals step text on {d['same_text']}/{d['n']} queries")
+        for name in ("all", "covered"):
+            if name in d:
+                c = d[name]
+                lines[-1] += (
+                    f"; {name}: decode {c['decode_speedup']:.2f}x step's tokens/s, end to end "
+                    f"{c['total_ms_lookup']:.0f} vs {c['total_ms_step']:.0f} ms ({c['total_ratio']:.2f}x, medians)"
+                )
     ret = summary["retrieval"]
     tok = summary["decode_tokens_on_covered"]
     rate = summary["identical_rate"]
@@ -260,7 +335,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         f"- Retrieval: {ret['hits']}/{ret['labelled']} labelled queries routed as expected; "
         f"wrong grafts: {ret['wrong_grafts']}; false copies: {ret['false_copies']}",
     ]
-    kinds = modes.get("graft", {}).get("by_kind")
+    kinds = next((m["by_kind"] for m in modes.values() if "by_kind" in m), None)
     if kinds:
         lines += [
             "",
@@ -282,7 +357,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plots(rows: list[dict[str, Any]], modes: list[str], out: Path) -> list[str]:
+def _plots(rows: list[dict[str, Any]], runs: list[str], out: Path) -> list[str]:
     try:
         import matplotlib
 
@@ -290,16 +365,29 @@ def _plots(rows: list[dict[str, Any]], modes: list[str], out: Path) -> list[str]
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - matplotlib is in the bench extra
         return []
+    palette = {"plain": "#999999", "text-rag": "#d9822b", "graft": "#2b7bd9"}
+    colours = [palette.get(run.split("/")[0], "#555555") for run in runs]
     files = []
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    medians = [statistics.median(r["ttft_ms"] for r in rows if r["mode"] == m) for m in modes]
-    ax.bar(modes, medians, color=["#999999", "#d9822b", "#2b7bd9"][: len(modes)])
-    ax.set_ylabel("median TTFT (ms)")
-    ax.set_title("Time to first token per mode")
-    fig.tight_layout()
-    fig.savefig(out / "ttft_per_mode.png", dpi=120)
-    files.append("ttft_per_mode.png")
-    plt.close(fig)
+
+    def bars(name: str, values: list[float], ylabel: str, title: str) -> None:
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(runs)), 3.2))
+        ax.bar(runs, values, color=colours)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        files.append(name)
+        plt.close(fig)
+
+    bars(
+        "ttft_per_mode.png", [statistics.median(r["ttft_ms"] for r in rows if r["run"] == m) for m in runs],
+        "median TTFT (ms)", "Time to first token per mode",
+    )  # fmt: skip
+    bars(
+        "latency_per_mode.png", [statistics.median(r["total_ms"] for r in rows if r["run"] == m) for m in runs],
+        "median end-to-end latency (ms)", "End-to-end latency per mode",
+    )  # fmt: skip
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for mode, colour in (("text-rag", "#d9822b"), ("graft", "#2b7bd9")):
@@ -317,16 +405,8 @@ def _plots(rows: list[dict[str, Any]], modes: list[str], out: Path) -> list[str]
     files.append("ttft_vs_prefix.png")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(
-        modes,
-        [sum(r["decode_tokens"] for r in rows if r["mode"] == m) for m in modes],
-        color=["#999999", "#d9822b", "#2b7bd9"][: len(modes)],
-    )
-    ax.set_ylabel("decode tokens (all queries)")
-    ax.set_title("Decode tokens per mode")
-    fig.tight_layout()
-    fig.savefig(out / "decode_tokens_per_mode.png", dpi=120)
-    files.append("decode_tokens_per_mode.png")
-    plt.close(fig)
+    bars(
+        "decode_tokens_per_mode.png", [sum(r["decode_tokens"] for r in rows if r["run"] == m) for m in runs],
+        "decode tokens (all queries)", "Decode tokens per mode",
+    )  # fmt: skip
     return files

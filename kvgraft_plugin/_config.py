@@ -20,6 +20,7 @@ __all__ = ["KV_TYPES", "EngineConfig", "LlamaConfig", "RouteMode"]
 
 RouteMode = Literal["auto", "graft", "text-rag", "plain"]
 FallbackPolicy = Literal["auto", "raise"]
+DecodeMode = Literal["auto", "step", "lookup"]
 
 #: KV cache element types accepted for ``type_k`` / ``type_v``, with their ggml type ids.
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
@@ -81,6 +82,10 @@ class LlamaConfig:
     max logit diff 0.49; exact with ``swa_full``). No effect on dense models."""
     n_gpu_layers: int = 0
     """Layers offloaded to a GPU (0 = CPU only)."""
+    repack: bool = False
+    """llama.cpp's repacked CPU weight layouts (``use_extra_bufts``). Off by default: with them Gemma 3's
+    logits for a batch of 4 tokens differ from 4 one-token steps (lookup decoding then cannot be exact),
+    and prefill was no faster without llamafile (312 tok/s with, 340 without)."""
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
@@ -126,6 +131,10 @@ class EngineConfig:
     """How many neighbours the index returns for the router to consider."""
     max_tokens: int = 64
     """Decode budget per answer."""
+    decode: DecodeMode = "auto"
+    """``step`` (one token per llama.cpp call), ``lookup`` (tokens drafted from the context, above all the
+    grafted entry, verified in batches; exactly step's tokens) or ``auto``: lookup where this build, model
+    and settings are proven batch-invariant (`kvgraft doctor --invariance`), else step."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     """How each token is chosen (greedy by default). Its fields are also flat settings (``temperature``,
     ``top_p``, ``seed``, ...) of `with_settings` and of every request."""
@@ -162,6 +171,8 @@ class EngineConfig:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.cache_bytes < 0 or self.disk_cache_bytes < 0:
             raise ConfigError(f"cache budgets must be >= 0, got {self.cache_bytes} and {self.disk_cache_bytes}")
+        if self.decode not in ("auto", "step", "lookup"):
+            raise ConfigError(f"decode must be 'auto', 'step' or 'lookup', got {self.decode!r}")
         if self.fallback not in ("auto", "raise"):
             raise ConfigError(f"fallback must be 'auto' or 'raise', got {self.fallback!r}")
         if self.answer_format not in (None, "answer", "solution"):

@@ -6,7 +6,9 @@ with a probe query; the logits must be bitwise equal to the fresh prefill's. The
 restored under other thread counts and a larger context (the settings the fingerprint leaves out), where
 restore + probe must again equal a fresh prefill + probe, and the bytes written there must equal the
 original's. A row's ``served`` says whether a library would use that setting; any served row that is not
-exact fails the doctor.
+exact fails the doctor. A last row says how many tokens lookup decoding may verify in one batch
+(`kvgraft_plugin._invariance`): it caps itself there, so that row is exact, and its note names the first
+batch size that differed.
 """
 
 from __future__ import annotations
@@ -83,7 +85,23 @@ def run_doctor(engine: GraftEngine, *, threads: tuple[int, ...] = (1, 4), larger
                 diff = other.restore_diff(tokens, bytearray(saved), probe)
                 note = "" if same_bytes else "the prefill wrote other KV bytes than the original"
                 rows.append(DoctorRow(f"{label}: restore {name}", diff == 0.0 and same_bytes, True, diff, note))
+    rows.append(_lookup_row(engine))
     return rows
+
+
+def _lookup_row(engine: GraftEngine) -> DoctorRow:
+    report = engine.measure_invariance()
+    differing = [row for row in report.rows if not row.bitwise]
+    note = f"lookup decoding verifies up to {report.max_batch} tokens at once"
+    if differing:
+        first = differing[0]
+        note += f"; a batch of {first.k} differs from steps by up to {first.max_diff:.3g} (KL {first.kl:.2g})"
+    if not report.rows:
+        note = "lookup decoding is not used for this model (its memory cannot drop rejected tokens)"
+    return DoctorRow(
+        f"lookup: batches of up to {report.max_batch} tokens equal one-token steps", True,
+        engine.config.decode != "step", 0.0, note,
+    )  # fmt: skip
 
 
 @dataclass

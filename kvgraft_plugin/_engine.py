@@ -28,8 +28,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._backend import Backend, TokenSampler
-from ._config import KV_TYPES, EngineConfig, LlamaConfig, RouteMode
+from ._backend import Backend
+from ._config import KV_TYPES, DecodeMode, EngineConfig, LlamaConfig, RouteMode
+from ._decode import DecodeStats, Drafter, lookup_tokens, step_tokens
 from ._exceptions import (
     BackendError,
     ConfigError,
@@ -44,13 +45,14 @@ from ._exceptions import (
 )
 from ._fingerprint import MUST_MATCH, PREFILL_CHUNKING
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
+from ._invariance import InvarianceReport, measure, recall, remember
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key, source_sha256, visible
 from ._models import bundled_model_path, file_sha256
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
 from ._sampling import SAMPLING_FIELDS, SamplingParams
 from ._state import FORMAT_VERSION, SavedState
 from ._template import AnswerFormat, Entry, Prompt, Template, TemplateKind, make_template
-from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version
+from .adapters.llama_cpp import LlamaBackend, inspect_seq_state, llama_cpp_version, tiled_matmul
 
 __all__ = ["Capture", "GraftChunk", "GraftEngine", "GraftResult"]
 
@@ -80,8 +82,17 @@ class GraftResult:
     restored_tokens: int
     """Tokens whose KV came from a saved state."""
     decode_tokens: int
+    """Tokens generated (an end-of-generation token included)."""
     ttft_ms: float
     total_ms: float
+    decode: str = "step"
+    """The decoder used: ``"step"`` or ``"lookup"``."""
+    decode_ms: float = 0.0
+    """From the first token to the last."""
+    drafted_tokens: int = 0
+    """Lookup decoding: draft tokens verified."""
+    accepted_tokens: int = 0
+    """Lookup decoding: draft tokens the sampler chose too."""
     finish_reason: str = "stop"
     """``"stop"`` (stop string), ``"eog"`` (end-of-generation token), ``"length"`` or ``"cancelled"``."""
     phases_ms: dict[str, float] = field(default_factory=dict)
@@ -190,11 +201,14 @@ class GraftEngine:
         self._embedder: Embedder | None = None
         self._index: VectorIndex | None = None
         self._routers: dict[tuple[Any, ...], Router] = {}
+        self._lookup_batch_size: int | None = None
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         try:
             self.model_sha256 = file_sha256(model_path)
             self.fingerprint = self._make_fingerprint()
             self._preamble_tokens = self._on_worker(lambda: self._tokens(self.template.preamble(), add_bos=True))
+            if self.config.decode != "step" and not self.backend.layout.recurrent:
+                self._on_worker(lambda: self.lookup_batch)  # measured once per build and model, not in a TTFT
             if self.library is not None and self.library.trusted and self.library.entries:
                 self._on_worker(self._warm_up)
         except BaseException:
@@ -238,6 +252,7 @@ class GraftEngine:
             "gguf_sha256": self.model_sha256,
             "llama_cpp_python": llama_cpp_version(),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+            "tiled_matmul": tiled_matmul(),
             "arch": self.backend.arch,
             "device": self.backend.device(),
             "prefill_chunking": PREFILL_CHUNKING,
@@ -468,6 +483,7 @@ class GraftEngine:
         history: Sequence[tuple[str, str]] = (),
         routing: Mapping[str, Any] | None = None,
         cancel: threading.Event | None = None,
+        decode: DecodeMode | None = None,
         sampling: SamplingParams | None = None,
         **sampling_fields: Any,
     ) -> Iterator[GraftChunk]:
@@ -482,7 +498,8 @@ class GraftEngine:
         decoding at the next token, as closing the iterator does; the result then ends there.
         ``sampling`` (default: the config's) chooses the tokens; any of its fields given as a keyword
         (``temperature=0.8, seed=3, top_p=0.9, repeat_penalty=1.1, grammar=...``) overrides it. With a
-        grammar and no ``stop``, decoding ends where the grammar does.
+        grammar and no ``stop``, decoding ends where the grammar does. ``decode`` (default: the config's)
+        picks the decoder, ``step`` or ``lookup`` (``auto``: lookup where proven exact); the tokens are the same.
         """
         self._check_open()
         config = self._request_config(routing)
@@ -498,7 +515,10 @@ class GraftEngine:
         params = (sampling or self.config.sampling).replace(**sampling_fields)
         if stop is None:
             stop = () if params.grammar is not None and self.config.stop is None else self._default_stop()
-        settings = {"max_tokens": budget, "stop": tuple(s for s in stop if s), "sampling": params}
+        decode = decode or self.config.decode
+        if decode not in ("auto", "step", "lookup"):
+            raise ConfigError(f"decode must be 'auto', 'step' or 'lookup', got {decode!r}")
+        settings = {"max_tokens": budget, "stop": tuple(s for s in stop if s), "sampling": params, "decode": decode}
         chunks: queue.SimpleQueue[GraftChunk | BaseException | None] = queue.SimpleQueue()
         cancel = cancel if cancel is not None else threading.Event()
 
@@ -554,6 +574,7 @@ class GraftEngine:
             return self._tokens(self.template.query(question, system=system, history=history, same_as=entry))
 
         plan = self._plan(question, config, suffix, mode, entry_id, settings["max_tokens"], phases)
+        lookup_batch = self._lookup_batch(settings.pop("decode"), plan)
         try:
             self._prefill(plan, phases)
         except BackendError as exc:
@@ -576,10 +597,60 @@ class GraftEngine:
         # the sampler's history is the whole context, restored or prefilled: the same ids on every route
         context = list(plan.state.tokens) + plan.tokens if plan.state is not None else plan.tokens
         sampler = self.backend.sampler(settings.pop("sampling"), context)
+        limit = min(settings.pop("max_tokens"), self.backend.n_ctx - self.backend.n_past)
+        stats = DecodeStats()
+        if lookup_batch > 1:
+            # drafts come from the entry first: the prefix restored or prefilled before the query suffix
+            n_entry = len(context) - plan.n_suffix if plan.route != "plain" else 0
+            drafter = Drafter(context[:n_entry], context[n_entry:])
+            tokens = lookup_tokens(self.backend, sampler, limit, drafter, lookup_batch, stats)
+        else:
+            tokens = step_tokens(self.backend, sampler, limit, stats)
         try:
-            yield from self._decode(plan, sampler, start=start, phases=phases, cancel=cancel, **settings)
+            yield from self._decode(
+                plan, tokens, stats, "lookup" if lookup_batch > 1 else "step",
+                start=start, phases=phases, cancel=cancel, **settings,
+            )  # fmt: skip
         finally:
+            tokens.close()
             sampler.close()
+
+    def _lookup_batch(self, decode: str, plan: _Plan) -> int:
+        """The largest batch lookup decoding may verify for this request: 1 means step decoding. Called
+        before the prefill, since a first measurement clears the cache."""
+        if decode == "step":
+            return 1
+        if self.backend.layout.recurrent:
+            reason = f"a recurrent ({self.backend.arch}) model cannot drop rejected draft tokens"
+            batch = 1
+        else:
+            batch = self.lookup_batch
+            reason = "batches are not proven bitwise equal to one-token steps on this build, model and settings"
+        if batch < 2 and decode == "lookup":
+            plan.notes.append(f"lookup decoding not used: {reason} (kvgraft doctor --invariance)")
+        return batch if batch > 1 else 1
+
+    @property
+    def lookup_batch(self) -> int:
+        """The largest batch proven bitwise equal to one-token steps here (1: none is). Measured once per
+        build, model, settings and thread count (`measure_invariance`), then read from the cache."""
+        if self._lookup_batch_size is None:
+            remembered = recall(self._invariance_key())
+            self._lookup_batch_size = remembered if remembered is not None else self.measure_invariance().max_batch
+        return self._lookup_batch_size
+
+    def measure_invariance(self) -> InvarianceReport:
+        """Measure batch invariance now (a second or two; `kvgraft_plugin._invariance`), remember it for
+        this fingerprint and use it for lookup decoding."""
+        report = self.run_exclusive(measure)
+        logger.info("batch invariance measured: lookup decoding may verify %d tokens at once", report.max_batch)
+        remember(self._invariance_key(), report)
+        self._lookup_batch_size = report.max_batch
+        return report
+
+    def _invariance_key(self) -> dict[str, Any]:
+        key = {k: v for k, v in self.fingerprint.items() if k not in ("format", "template", "prefill_chunking")}
+        return {**key, "n_threads": self.config.llama.n_threads}
 
     def _plan(
         self,
@@ -706,22 +777,23 @@ class GraftEngine:
     def _decode(
         self,
         plan: _Plan,
-        sampler: TokenSampler,
+        tokens: Iterator[int],
+        stats: DecodeStats,
+        decoder_name: str,
         *,
         start: float,
         phases: dict[str, float],
         cancel: threading.Event,
-        max_tokens: int,
         stop: tuple[str, ...],
     ) -> Iterator[GraftChunk]:
-        """Decode until a stop string, an end-of-generation token, the budget or the context ends."""
+        """Turn the decoder's tokens into text until a stop string, an end-of-generation token, the budget
+        or the context ends."""
         backend = self.backend
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text, final, emitted, n_decoded, ttft = "", "", 0, 0, 0.0
         finish = "length"
         t_first = time.perf_counter()
-        while n_decoded < max_tokens and backend.n_past < backend.n_ctx and not cancel.is_set():
-            token = sampler.sample()
+        for token in tokens:
             n_decoded += 1
             if n_decoded == 1:
                 ttft = _ms(start, time.perf_counter())
@@ -739,10 +811,8 @@ class GraftEngine:
             if safe > emitted:
                 yield GraftChunk(final[emitted:safe])
                 emitted = safe
-            if cut >= 0:
+            if cut >= 0 or cancel.is_set():
                 break
-            if n_decoded < max_tokens:
-                backend.decode(token)
         if finish == "length" and cancel.is_set():
             finish = "cancelled"
         if finish != "stop":
@@ -767,6 +837,10 @@ class GraftEngine:
                 decode_tokens=n_decoded,
                 ttft_ms=ttft,
                 total_ms=_ms(start, end),
+                decode=decoder_name,
+                decode_ms=round(phases["decode"], 3),
+                drafted_tokens=stats.drafted,
+                accepted_tokens=stats.accepted,
                 finish_reason=finish,
                 phases_ms={k: round(v, 3) for k, v in phases.items()},
                 match=[v.to_json() for v in plan.trail],

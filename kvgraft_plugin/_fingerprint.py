@@ -4,9 +4,11 @@ A library is built once and used on many machines, so a state is refused only fo
 the bits of a graft. Each setting's place rests on a measurement (README, "The fingerprint"):
 
 - **must match** (in the fingerprint; a state built under another value is refused, text RAG serves it):
-  the model file, llama-cpp-python's version, the CPU features it was built with, the architecture and
-  device, ``n_batch`` and ``n_ubatch`` (the prefill chunking), ``type_k``/``type_v``, ``flash_attn``,
-  ``swa_full``, ``n_gpu_layers``, the prefix template and the state format;
+  the model file, llama-cpp-python's version, the CPU features it was built with (llamafile included), ggml's
+  tiled K-quant matmul (``GGML_CPU_TILED_MM``: on Gemma 3 it moved batch logits by up to 4.4), the
+  architecture and device, ``n_batch`` and ``n_ubatch`` (the prefill chunking), ``type_k``/``type_v``,
+  ``flash_attn``, ``swa_full``, ``repack`` (another matmul kernel), ``n_gpu_layers``, the prefix template and
+  the state format;
 - **measured harmless** (left out): ``n_threads`` (the KV bytes a multi-token prefill writes, and its
   logits, were bitwise equal at 1, 2, 4 and 8 threads on both bundled models, once no prefill chunk is a
   single token: see `PREFILL_CHUNKING`) and ``n_ctx`` (a larger context restores and continues a state

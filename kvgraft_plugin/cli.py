@@ -49,6 +49,11 @@ def llama_options(func: F) -> F:
         click.option("--type-v", type=click.Choice(sorted(KV_TYPES)), help="V cache type (default f16)."),
         click.option("--flash-attn/--no-flash-attn", default=None, help="Flash attention (default off)."),
         click.option(
+            "--repack/--no-repack",
+            default=None,
+            help="llama.cpp's repacked CPU weights (default off: batches are then bitwise one-token steps).",
+        ),
+        click.option(
             "--swa-full/--no-swa-full",
             default=None,
             help="Full-size sliding-window cache (default on; off is faster past ~1k tokens, but "
@@ -106,6 +111,16 @@ def cache_dir_option(func: F) -> F:
         type=click.Path(file_okay=False),
         envvar="KVGRAFT_CACHE_DIR",
         help="Where a library URL is mirrored (default ~/.cache/kvgraft/libraries) [env KVGRAFT_CACHE_DIR].",
+    )(func)
+
+
+def decode_option(func: F) -> F:
+    """``--decode``: how tokens are decoded (the text is the same either way)."""
+    return click.option(
+        "--decode",
+        type=click.Choice(["auto", "step", "lookup"]),
+        help="step: one llama.cpp call per token; lookup: draft from the entry, verify in batches; "
+        "auto (default): lookup where proven bitwise equal to step (kvgraft doctor --invariance).",
     )(func)
 
 
@@ -357,6 +372,7 @@ def _read_queries(path: str) -> list[dict[str, Any]]:
 @routing_options
 @sampling_options()
 @stop_option
+@decode_option
 @llama_options
 def ask(
     question: str | None,
@@ -396,9 +412,12 @@ def ask(
             else:
                 click.echo(result.text)
                 reason = f" ({result.fallback_reason})" if result.fallback_reason else ""
+                drafts = f", {result.accepted_tokens}/{result.drafted_tokens} drafted accepted" * (
+                    result.decode == "lookup"
+                )
                 click.echo(
-                    f"[{result.route} {result.entry_id or '-'}{reason}; {result.decode_tokens} decode tokens, "
-                    f"ttft {result.ttft_ms:.0f} ms]",
+                    f"[{result.route} {result.entry_id or '-'}{reason}; {result.decode_tokens} decode tokens "
+                    f"({result.decode}{drafts}), ttft {result.ttft_ms:.0f} ms]",
                     err=True,
                 )
 
@@ -462,6 +481,7 @@ def info(library: str, cache_dir: str | None, as_json: bool) -> None:
     "--queries", type=click.Path(exists=True, dir_okay=False), help="Queries (default: examples/queries.jsonl)."
 )
 @click.option("--max-tokens", type=int, default=48, show_default=True)
+@decode_option
 @llama_options
 def demo(library: str | None, source: str | None, queries: str | None, max_tokens: int, **options: Any) -> None:
     """The main job: build the example library once, then answer the example queries three ways."""
@@ -499,13 +519,28 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
     help="'tests' (run the expected entry's tests, or the query's own `tests`, against the produced code), or "
     "module:function taking (question: dict, text: str) -> bool.",
 )
+@click.option(
+    "--decode",
+    "decoders",
+    default="step",
+    show_default=True,
+    help="Comma-separated decoders (step, lookup, auto): every mode runs under each, in one process.",
+)
 @routing_options
 @stop_option
 @llama_options
 def bench(
-    library: str, queries: str, modes: str, out: str, max_tokens: int | None, checker: str | None, **options: Any
+    library: str,
+    queries: str,
+    modes: str,
+    out: str,
+    max_tokens: int | None,
+    checker: str | None,
+    decoders: str,
+    **options: Any,
 ) -> None:
-    """Run every query in every mode; write results.jsonl, summary.json, summary.md and plots."""
+    """Run every query in every mode (under every decoder); write results.jsonl, summary.json, summary.md and
+    plots."""
     from tqdm import tqdm
 
     from ._bench import MODES, run_bench
@@ -516,12 +551,17 @@ def bench(
     unknown = set(chosen) - set(MODES)
     if unknown or not chosen:
         raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
+    decode_list = [d.strip() for d in decoders.split(",") if d.strip()]
+    if not decode_list or set(decode_list) - {"step", "lookup", "auto"}:
+        raise click.UsageError(f"--decode takes step, lookup, auto; got {decoders!r}")
     rows = _read_queries(queries)
     check = load_checker(checker, Library.open(library, cache_dir=options.get("cache_dir"))) if checker else None
-    with _engine(library, options) as engine, tqdm(total=len(rows) * len(chosen), desc="bench") as bar:
+    total = len(rows) * len(chosen) * len(decode_list)
+    with _engine(library, options) as engine, tqdm(total=total, desc="bench") as bar:
         summary = run_bench(
-            engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update
-        )
+            engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update,
+            decoders=decode_list,
+        )  # fmt: skip
     from ._bench import render_markdown
 
     click.echo(render_markdown(summary))
@@ -587,14 +627,23 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
     help="Instead, run the checks on a tiny random-weight model of each architecture (dense, sliding-window, "
     "mixture-of-experts, recurrent).",
 )
+@click.option(
+    "--invariance",
+    is_flag=True,
+    help="Instead, measure how many tokens one batch may hold and still give bitwise the logits of one-token "
+    "steps (what lookup decoding may verify at once), and remember it.",
+)
 @llama_options
-def doctor(as_json: bool, threads: str, larger_ctx: bool, arch_matrix: bool, **options: Any) -> None:
+def doctor(as_json: bool, threads: str, larger_ctx: bool, arch_matrix: bool, invariance: bool, **options: Any) -> None:
     """Will grafting be exact for this model on this machine? Exit 1 if a served setting is inexact."""
     from ._doctor import run_doctor
 
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
     if arch_matrix:
         _arch_matrix(as_json, counts)
+        return
+    if invariance:
+        _invariance(as_json, options)
         return
     with _engine(None, options) as engine:
         rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx)
@@ -611,6 +660,25 @@ def doctor(as_json: bool, threads: str, larger_ctx: bool, arch_matrix: bool, **o
         click.echo(f"\nverdict: {verdict}")
     if failed:
         sys.exit(1)
+
+
+def _invariance(as_json: bool, options: dict[str, Any]) -> None:
+    with _engine(None, options, decode="step") as engine:
+        report = engine.measure_invariance()
+        model = engine.model_path.name
+    if as_json:
+        click.echo(json.dumps({"model": model, **report.to_json()}))
+        return
+    click.echo(f"model {model}\n")
+    click.echo("| k | start | bitwise | max_abs_diff | max KL | argmax same |\n|---|---|---|---|---|---|")
+    for r in report.rows:
+        click.echo(f"| {r.k} | {r.start} | {r.bitwise} | {r.max_diff:.4g} | {r.kl:.3g} | {r.argmax_same} |")
+    verdict = (
+        f"lookup decoding verifies up to {report.max_batch} tokens per batch, bitwise equal to step decoding"
+        if report.max_batch > 1
+        else "batches differ from one-token steps here: lookup decoding falls back to step decoding"
+    )
+    click.echo(f"\nverdict: {verdict}")
 
 
 def _arch_matrix(as_json: bool, threads: tuple[int, ...]) -> None:
@@ -814,6 +882,7 @@ def sign(library: str, cache_dir: str | None, key_file: str) -> None:
 @click.option("--ray", "on_ray", is_flag=True, help="Run --replicas engines on Ray Serve behind its HTTP proxy.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Engines, with --ray.")
 @routing_options
+@decode_option
 @llama_options
 def serve(
     library: str | None,

@@ -71,6 +71,8 @@ class Metrics:
         self.tokens.labels("restored").inc(result.restored_tokens)
         self.tokens.labels("prefilled").inc(result.prefill_tokens)
         self.tokens.labels("decoded").inc(result.decode_tokens)
+        self.tokens.labels("drafted").inc(result.drafted_tokens)
+        self.tokens.labels("accepted").inc(result.accepted_tokens)
         self.ttft.observe(result.ttft_ms / 1000)
         self.latency.observe(result.total_ms / 1000)
 

@@ -166,6 +166,9 @@ def kvgraft_object(result: GraftResult) -> dict[str, Any]:
         "fallback_reason": result.fallback_reason,
         "restored_tokens": result.restored_tokens,
         "ttft_ms": round(result.ttft_ms, 3),
+        "decode": result.decode,
+        "drafted_tokens": result.drafted_tokens,
+        "accepted_tokens": result.accepted_tokens,
     }
 
 

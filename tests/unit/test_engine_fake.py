@@ -21,16 +21,22 @@ from kvgraft_plugin import (
     NoMatchError,
     SamplingParams,
 )
+from kvgraft_plugin._state import StateLayout
 
 EOG, BOS = 256, 257
 
 
 class ScriptedBackend:
-    """Bytes are tokens; after a prompt the "model" says ``script`` one byte per step, then an EOG token."""
+    """Bytes are tokens; after a prompt the "model" says ``script`` one byte per step, then an EOG token.
+
+    Its logits depend only on how many tokens followed the prompt, so a batch of them is exactly as many
+    one-token steps: lookup decoding is proven here, and gives the step tokens."""
 
     arch = "fake"
     n_swa = 0
     n_vocab = 258
+    n_batch = 512
+    layout = StateLayout(kv_sections=1)
 
     def __init__(self, model_path: Path, script: bytes, n_ctx: int = 4096) -> None:
         self.model_path, self.script, self.n_ctx = model_path, script, n_ctx
@@ -66,12 +72,29 @@ class ScriptedBackend:
         self.n_past += len(tokens)
         self.cursor = 0 if len(tokens) > 1 else self.cursor + 1
         time.sleep(self.step_seconds)
-        self.logits = np.zeros(self.n_vocab, dtype=np.float32)
-        self.logits[self.script[self.cursor] if self.cursor < len(self.script) else EOG] = 1.0
-        return self.logits
+        self.outputs = [self._says(self.cursor)]
+        return self.outputs[-1]
+
+    def _says(self, cursor: int) -> np.ndarray:
+        logits = np.zeros(self.n_vocab, dtype=np.float32)
+        logits[self.script[cursor] if cursor < len(self.script) else EOG] = 1.0
+        return logits
 
     def decode(self, token: int) -> None:
-        self.logits = self.prefill([token])
+        self.prefill([token])
+
+    def verify(self, tokens: Sequence[int]) -> None:
+        self.calls.append(("verify", len(tokens)))
+        self.outputs = [self._says(self.cursor + 1 + i) for i in range(len(tokens))]
+        self.n_past += len(tokens)
+        self.cursor += len(tokens)
+
+    def truncate(self, n_tokens: int) -> None:
+        self.cursor -= self.n_past - n_tokens
+        self.n_past = n_tokens
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        return self.outputs[index].copy()
 
     def sampler(self, params, history: Sequence[int]) -> Greedy:
         self.history = list(history)
@@ -93,15 +116,16 @@ class Greedy:
     def __init__(self, backend: ScriptedBackend) -> None:
         self.backend = backend
 
-    def sample(self) -> int:
-        return int(np.argmax(self.backend.logits))
+    def sample(self, index: int = -1) -> int:
+        return int(np.argmax(self.backend.outputs[index]))
 
     def close(self) -> None:
         self.backend.sampler_closed = True
 
 
 @pytest.fixture
-def make(tmp_path):
+def make(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the batch-invariance result
     model = tmp_path / "fake.gguf"
     model.write_bytes(b"not a model")
     engines: list[GraftEngine] = []
@@ -110,6 +134,7 @@ def make(tmp_path):
         n_ctx = settings.pop("n_ctx", 4096)
         backend = ScriptedBackend(model, script.encode() if isinstance(script, str) else script, n_ctx)
         engine = GraftEngine(None, backend=backend, n_threads=1, **settings)
+        backend.calls.clear()  # the batch-invariance measurement at start
         engines.append(engine)
         return engine, backend
 
@@ -168,7 +193,9 @@ def test_an_abandoned_stream_stops_decoding(make):
 def test_decoding_stops_at_the_end_of_the_context(make):
     engine, backend = make("y" * 300, n_ctx=200)
     result = engine.ask("q", stop=[], max_tokens=150)
-    assert result.finish_reason == "length" and backend.n_past == backend.n_ctx
+    # one token per free position: the last one sampled from the last position's logits, and not fed
+    assert result.finish_reason == "length" and result.prefill_tokens + result.decode_tokens == backend.n_ctx
+    assert backend.n_past == backend.n_ctx - 1
 
 
 def test_a_query_longer_than_the_context_is_refused(make):
@@ -233,3 +260,60 @@ def test_curate_keeps_code_that_passes_its_tests(make, tmp_path):
     assert [(r.id, r.kept, r.attempts) for r in reports] == [("double", True, 1), ("triple", False, 2)]
     (entry,) = read_source(out)
     assert entry.solution == "    return 2 * x" and entry.tests == "assert double(3) == 6" and entry.answer is None
+
+
+# -- lookup decoding ---------------------------------------------------------------------------------------
+
+
+def test_lookup_drafts_from_the_context_and_gives_the_step_text(make):
+    question = "repeat after me: the cat sat on the mat, the cat sat on the mat"
+    engine, backend = make("the cat sat on the mat, the cat sat on the mat\n")
+    step = engine.ask(question, decode="step", stop=["\n"])
+    backend.calls.clear()
+    lookup = engine.ask(question, decode="lookup", stop=["\n"])
+    assert (lookup.text, lookup.decode_tokens, lookup.finish_reason) == (step.text, step.decode_tokens, "stop")
+    assert (step.decode, lookup.decode) == ("step", "lookup")
+    assert step.drafted_tokens == step.accepted_tokens == 0
+    assert lookup.accepted_tokens > 30 and lookup.drafted_tokens >= lookup.accepted_tokens
+    verified = [n for kind, n in backend.calls if kind == "verify"]
+    assert verified and max(verified) > 1
+    assert len(verified) + sum(n == 1 for kind, n in backend.calls if kind == "prefill") < step.decode_tokens / 2
+
+
+def test_a_rejected_draft_is_dropped_and_the_step_text_comes_out(make):
+    question = "abcdefgh abcdefgh"
+    engine, backend = make("abcdXYZW abcdefgh\n")  # "abcd" drafts "efgh", the model says "XYZW"
+    step = engine.ask(question, decode="step", stop=["\n"])
+    lookup = engine.ask(question, decode="lookup", stop=["\n"])
+    assert lookup.text == step.text == "abcdXYZW abcdefgh"
+    assert lookup.drafted_tokens > lookup.accepted_tokens > 0
+
+
+def test_lookup_keeps_the_budget_and_the_context_limit(make):
+    question = "xyxyxyxyxyxyxyxyxyxyxy"
+    engine, _ = make("xy" * 100, n_ctx=128)
+    for budget in (1, 2, 5, 17):
+        step = engine.ask(question, decode="step", max_tokens=budget)
+        lookup = engine.ask(question, decode="lookup", max_tokens=budget)
+        assert (lookup.text, lookup.decode_tokens) == (step.text, step.decode_tokens) == (step.text, budget)
+        assert lookup.decode == "lookup"
+    step = engine.ask(question, decode="step", max_tokens=500)  # the context ends first
+    lookup = engine.ask(question, decode="lookup", max_tokens=500)
+    assert (lookup.text, lookup.decode_tokens, lookup.finish_reason) == (step.text, step.decode_tokens, "length")
+
+
+def test_lookup_is_step_decoding_where_batches_are_not_proven(make, monkeypatch):
+    engine, _ = make("abab\n", decode="lookup")
+    engine._lookup_batch_size = 1  # what a build whose batches differ from steps measures
+    result = engine.ask("abababab", stop=["\n"])
+    assert (result.text, result.decode) == ("abab", "step")
+    assert any("lookup decoding not used" in note for note in result.notes)
+    assert engine.ask("abababab", stop=["\n"], decode="auto").notes == []  # auto falls back silently
+
+
+def test_decode_mode_is_checked(make):
+    engine, _ = make("a")
+    with pytest.raises(ConfigError, match="decode"):
+        engine.ask("q", decode="fast")
+    with pytest.raises(ConfigError, match="decode"):
+        make("a", decode="fast")

@@ -1,0 +1,157 @@
+"""Where decoded tokens come from: one llama.cpp call per token, or drafted from the context and verified
+in batches.
+
+Both decoders yield the sampler's tokens one by one; the engine's loop turns them into text, stop strings
+and chunks, and closes the generator when it is done. `step_tokens` feeds each token alone.
+`lookup_tokens` guesses the next tokens by n-gram match (`Drafter`: the grafted entry's tokens first, then
+the query and the text so far), feeds the last token and the guesses as one batch with logits at every
+position, and asks the sampler for a token at each position in turn, stopping at the first that differs
+from the guess. The sampler sees exactly the logits, history and random draws it sees in step decoding,
+so the tokens are step decoding's, greedy or sampled, as long as a batch's logits are bitwise those of
+one-token steps: batches are capped at the size `_invariance` proved. Rejected guesses are dropped from
+the cache before the next batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+from ._backend import Backend, TokenSampler
+
+__all__ = ["DecodeStats", "Drafter", "lookup_tokens", "step_tokens"]
+
+#: n-gram lengths tried for a draft, longest first. One token alone matches too often to pay for itself.
+NGRAMS = (4, 3, 2)
+#: After a draft whose first token is rejected, drafting pauses this many tokens, doubling up to the cap,
+#: so that an answer that copies nothing pays almost nothing.
+_PAUSE, _MAX_PAUSE = 1, 16
+#: The longest draft asked for (the batch cap proven invariant is usually lower).
+_MAX_LENGTH = 64
+
+
+@dataclass
+class DecodeStats:
+    """What a decoder did for one answer."""
+
+    drafted: int = 0
+    """Draft tokens fed for verification."""
+    accepted: int = 0
+    """Draft tokens the sampler chose too (each saved one llama.cpp call)."""
+    batches: int = 0
+    """llama.cpp calls made while decoding."""
+
+
+def step_tokens(backend: Backend, sampler: TokenSampler, limit: int, stats: DecodeStats) -> Generator[int, None, None]:
+    """Up to ``limit`` tokens, one llama.cpp call each (the last token is not fed)."""
+    for n in range(limit):
+        token = sampler.sample()
+        yield token
+        if n + 1 < limit:
+            backend.decode(token)
+            stats.batches += 1
+
+
+class Drafter:
+    """Guesses the next tokens from where the latest n-gram occurred before: in ``entry`` (the grafted or
+    text-RAG entry's tokens) first, then in ``rest`` (the query suffix and every token since).
+
+    Within the entry it follows its last accepted guess on (a cursor), so a copied solution is drafted in
+    order even where its n-grams repeat.
+    """
+
+    def __init__(self, entry: Sequence[int], rest: Sequence[int]) -> None:
+        self.entry = list(entry)
+        self.rest: list[int] = []
+        self._entry_index = _index(self.entry)
+        self._rest_index: dict[tuple[int, ...], int] = {}
+        self._cursor: int | None = None
+        """Where in ``entry`` the next token is expected, while a draft from it is being followed."""
+        self._length = _MAX_LENGTH
+        self._pause, self._wait = _PAUSE, 0
+        for token in rest:
+            self.push(token)
+
+    def push(self, token: int) -> None:
+        """Add a decoded token to the context."""
+        self.rest.append(token)
+        end = len(self.rest) - 1  # the n-grams ending just before ``token`` now have a continuation
+        for n in NGRAMS:
+            if end >= n:
+                self._rest_index[tuple(self.rest[end - n : end])] = end
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to ``limit`` guessed next tokens (none while paused, or when no n-gram matches)."""
+        limit = min(limit, self._length)
+        if self._wait or limit < 1:
+            self._wait = max(self._wait - 1, 0)
+            return []
+        tail = (self.entry[-NGRAMS[0] :] + self.rest[-NGRAMS[0] :])[-NGRAMS[0] :]
+        at = self._cursor
+        if at is None or not len(tail) <= at < len(self.entry) or self.entry[at - len(tail) : at] != tail:
+            at = next((i for n in NGRAMS if (i := self._entry_index.get(tuple(tail[-n:]))) is not None), None)
+        self._cursor = at
+        if at is not None:
+            return self.entry[at : at + limit]
+        at = next((i for n in NGRAMS if (i := self._rest_index.get(tuple(tail[-n:]))) is not None), None)
+        return self.rest[at : at + limit] if at is not None else []
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """Learn from a verified draft: follow the entry on and draft longer after a full match; draft
+        shorter after a partial one; pause after a miss, longer each time in a row."""
+        if accepted == drafted:
+            self._cursor = self._cursor + accepted + 1 if self._cursor is not None else None
+            self._length = min(2 * self._length, _MAX_LENGTH)
+        else:
+            self._cursor = None
+            self._length = max(accepted + 1, 1)
+        if accepted:
+            self._pause = _PAUSE
+        else:
+            self._wait = self._pause
+            self._pause = min(2 * self._pause, _MAX_PAUSE)
+
+
+def lookup_tokens(
+    backend: Backend, sampler: TokenSampler, limit: int, drafter: Drafter, max_batch: int, stats: DecodeStats
+) -> Generator[int, None, None]:
+    """Up to ``limit`` tokens, exactly `step_tokens`'s, verifying drafts in batches of at most ``max_batch``."""
+    token = sampler.sample()
+    produced = 1
+    yield token
+    while produced < limit:
+        drafter.push(token)
+        draft = drafter.draft(min(max_batch - 1, limit - produced - 1))
+        if not draft:
+            backend.decode(token)
+            stats.batches += 1
+            token = sampler.sample()
+            produced += 1
+            yield token
+            continue
+        base = backend.n_past
+        backend.verify([token, *draft])
+        stats.batches += 1
+        stats.drafted += len(draft)
+        for i in range(len(draft) + 1):
+            token = sampler.sample(i)
+            produced += 1
+            if i < len(draft) and token == draft[i]:
+                stats.accepted += 1
+                drafter.push(token)
+                yield token
+                continue
+            yield token
+            break
+        # the batch's KV is kept up to the last accepted guess; the token just sampled is fed next
+        backend.truncate(base + i + 1)
+        drafter.feedback(len(draft), i)
+
+
+def _index(tokens: list[int]) -> dict[tuple[int, ...], int]:
+    """Each n-gram's last occurrence with a token after it, by the position of that token."""
+    index: dict[tuple[int, ...], int] = {}
+    for n in NGRAMS:
+        for end in range(n, len(tokens)):
+            index[tuple(tokens[end - n : end])] = end
+    return index

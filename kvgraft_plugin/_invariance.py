@@ -1,0 +1,144 @@
+"""Is a batch of k tokens bitwise equal to k one-token steps, on this build, model and settings?
+
+Lookup decoding feeds drafted tokens in one batch and keeps the tokens the sampler picks from their logits;
+it gives step decoding's text exactly only if those logits are bitwise the logits of one-token steps. That
+depends on the llama.cpp build (llamafile's tinyBLAS batches differently), the model's weight types and the
+context settings, so it is measured, never assumed: `measure` feeds a continuation one token at a time,
+then drops it (as a rejected draft is dropped) and feeds its first k tokens as one batch, for k = 2 to 16
+at two positions (batches crossing position 256 among them), and compares every position's logits with
+``np.array_equal``. The largest k for
+which every batch up to it was bitwise equal is what lookup decoding may use. Results are kept per
+fingerprint in ``$XDG_CACHE_HOME/kvgraft/invariance/`` (``~/.cache/...``; `recall`, `remember`);
+``kvgraft doctor --invariance`` measures again and prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._backend import Backend
+
+__all__ = ["InvarianceReport", "InvarianceRow", "MAX_BATCH", "measure", "recall", "remember"]
+
+logger = logging.getLogger(__name__)
+
+#: The largest batch measured (and so the longest verified draft, plus the token before it).
+MAX_BATCH = 16
+#: Context lengths the measured batches start at: early in a context, and a batch crossing position 256.
+_STARTS = (48, 250)
+_TEXT = (
+    "Solved problems with verified answers.\n\nProblem: Write a function that returns the sum of the squares "
+    "of the even numbers in a list.\nSolution:\ndef sum_even_squares(xs):\n    return sum(x * x for x in xs "
+    "if x % 2 == 0)\n\nProblem: What is 17 times 23?\nAnswer: 391\n\n"
+)
+
+
+@dataclass(frozen=True)
+class InvarianceRow:
+    """One batch size at one start position: the batch's logits against one-token steps."""
+
+    k: int
+    start: int
+    bitwise: bool
+    max_diff: float
+    """Max |logit difference| over the batch's positions (0.0 when bitwise)."""
+    kl: float
+    """Max KL(step || batch) of the softmax over the positions, in nats."""
+    argmax_same: bool
+
+
+@dataclass(frozen=True)
+class InvarianceReport:
+    rows: tuple[InvarianceRow, ...]
+    max_batch: int
+    """The largest k with every batch of 2..k bitwise equal (1: lookup decoding cannot be exact)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_batch": self.max_batch, "rows": [asdict(row) for row in self.rows]}
+
+
+def measure(backend: Backend, *, max_batch: int = MAX_BATCH) -> InvarianceReport:
+    """Measure batch invariance for batches of 2 to ``max_batch`` tokens; the report's rows end at the first
+    k that differs. Clears the cache.
+
+    A recurrent model is not measured (its memory cannot drop rejected draft tokens): ``max_batch`` 1."""
+    if backend.layout.recurrent:
+        return InvarianceReport((), 1)
+    max_batch = min(max_batch, backend.n_batch, backend.n_ctx // 2)
+    starts = sorted({max(2, min(start, backend.n_ctx - max_batch - 1)) for start in _STARTS})
+    text = backend.tokenize(_TEXT, add_bos=False)
+    tokens = (text * (starts[-1] // len(text) + 2))[: starts[-1] + max_batch]
+    rows: list[InvarianceRow] = []
+    proven = 1
+    for start in starts:
+        backend.reset()
+        backend.prefill(tokens[:start])
+        steps = []
+        for token in tokens[start : start + max_batch]:
+            backend.decode(token)
+            steps.append(backend.logits(-1))
+        for k in range(2, max_batch + 1):  # the batch replaces the steps' positions, as a lookup batch does
+            backend.truncate(start)
+            backend.verify(tokens[start : start + k])
+            rows.append(_compare(k, start, steps[:k], [backend.logits(i) for i in range(k)]))
+    for k in range(2, max_batch + 1):
+        if not all(row.bitwise for row in rows if row.k == k):
+            break
+        proven = k
+    backend.reset()
+    rows.sort(key=lambda row: (row.k, row.start))
+    return InvarianceReport(tuple(row for row in rows if row.k <= proven + 1), proven)
+
+
+def _compare(k: int, start: int, steps: list[np.ndarray], batch: list[np.ndarray]) -> InvarianceRow:
+    bitwise = all(np.array_equal(a, b) for a, b in zip(steps, batch, strict=True))
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(steps, batch, strict=True))
+    kl = max(_kl(a, b) for a, b in zip(steps, batch, strict=True))
+    same = all(int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(steps, batch, strict=True))
+    return InvarianceRow(k, start, bitwise, diff, kl, same)
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    p = _log_softmax(p_logits.astype(np.float64))
+    q = _log_softmax(q_logits.astype(np.float64))
+    return float(np.sum(np.exp(p) * (p - q)))
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())  # type: ignore[no-any-return]
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    """Where the report for ``key`` (a fingerprint plus the thread count) is kept."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvgraft"
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return root / "invariance" / f"{digest}.json"
+
+
+def recall(key: dict[str, Any]) -> int | None:
+    """The largest batch measured for ``key`` before (``None``: never measured, or unreadable)."""
+    try:
+        return int(json.loads(cache_path(key).read_text())["max_batch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember(key: dict[str, Any], report: InvarianceReport) -> None:
+    """Keep ``report`` for ``key``; a read-only cache only costs a measurement next time."""
+    path = cache_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, **report.to_json()}, indent=1))
+        tmp.replace(path)
+    except OSError as exc:
+        logger.warning("cannot keep the batch-invariance result in %s: %s", path, exc)
