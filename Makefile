@@ -43,12 +43,13 @@ test: setup lint
 	.venv/bin/pytest tests -q -p no:cacheprovider --durations=10
 
 # Restore vs memcpy and TTFT per prefix length, a 40-case bitwise sweep up to n_ctx, then the full
-# plain / text-rag / graft bench on the example library (built by the demo into the cache directory).
+# plain / text-rag / graft bench on the example library (built by the demo into the cache directory),
+# each mode under step and lookup decoding.
 bench: setup
 	.venv/bin/kvgraft bench-graft --lengths 256,1024,2048 --sweep 40
 	.venv/bin/kvgraft build examples/library.jsonl --library $$HOME/.cache/kvgraft/demo-library
 	.venv/bin/kvgraft bench --library $$HOME/.cache/kvgraft/demo-library --queries examples/queries.jsonl \
-		--out bench-out --max-tokens 64
+		--out bench-out --max-tokens 64 --decode step,lookup
 
 # mypy cannot follow setuptools' package-dir mapping (adapters/ -> kvgraft_plugin.adapters), so it
 # checks a throwaway tree of symlinks laid out the way the wheel installs the package.

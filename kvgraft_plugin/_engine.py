@@ -602,7 +602,7 @@ class GraftEngine:
         if lookup_batch > 1:
             # drafts come from the entry first: the prefix restored or prefilled before the query suffix
             n_entry = len(context) - plan.n_suffix if plan.route != "plain" else 0
-            drafter = Drafter(context[:n_entry], context[n_entry:])
+            drafter = Drafter(context[:n_entry], context[n_entry:], self._ends_decoding(settings["stop"]))
             tokens = lookup_tokens(self.backend, sampler, limit, drafter, lookup_batch, stats)
         else:
             tokens = step_tokens(self.backend, sampler, limit, stats)
@@ -614,6 +614,16 @@ class GraftEngine:
         finally:
             tokens.close()
             sampler.close()
+
+    def _ends_decoding(self, stop: tuple[str, ...]) -> Callable[[int], bool]:
+        """Whether a token ends decoding by itself: an end-of-generation token, or one holding a stop string."""
+        backend = self.backend
+
+        def ends(token: int) -> bool:
+            piece = backend.token_bytes(token).decode("utf-8", errors="ignore")
+            return backend.is_eog(token) or any(s in piece for s in stop)
+
+        return ends
 
     def _lookup_batch(self, decode: str, plan: _Plan) -> int:
         """The largest batch lookup decoding may verify for this request: 1 means step decoding. Called

@@ -34,12 +34,15 @@ def test_code_library_builds_verified_and_grafts_passing_code(tmp_path, gemma_pa
     out = tmp_path / "bench"
     result = run(
         "bench", "--library", tmp_path / "lib", "--queries", picked, "--checker", "tests", "--modes", "text-rag,graft",
-        "--max-tokens", 160, "--out", out, "--model", gemma_path, "--n-threads", 2,
+        "--max-tokens", 160, "--out", out, "--model", gemma_path, "--n-threads", 2, "--decode", "lookup",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = {(r["id"], r["mode"]): r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     for qid in ("repeat-rle", "repeat-balanced"):
         assert rows[qid, "graft"]["route"] == "graft" and rows[qid, "graft"]["correct"], rows[qid, "graft"]
+        # a copied solution comes mostly from accepted drafts
+        assert rows[qid, "graft"]["decode"] == "lookup"
+        assert rows[qid, "graft"]["accepted_tokens"] > rows[qid, "graft"]["decode_tokens"] / 2
     assert rows["uncovered-3", "graft"]["route"] == "plain"
     for qid in wanted:
         if rows[qid, "graft"]["route"] == "graft":
