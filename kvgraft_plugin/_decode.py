@@ -40,18 +40,15 @@ class DecodeStats:
     """Draft tokens fed for verification."""
     accepted: int = 0
     """Draft tokens the sampler chose too (each saved one llama.cpp call)."""
-    batches: int = 0
-    """llama.cpp calls made while decoding."""
 
 
-def step_tokens(backend: Backend, sampler: TokenSampler, limit: int, stats: DecodeStats) -> Generator[int, None, None]:
+def step_tokens(backend: Backend, sampler: TokenSampler, limit: int) -> Generator[int, None, None]:
     """Up to ``limit`` tokens, one llama.cpp call each (the last token is not fed)."""
     for n in range(limit):
         token = sampler.sample()
         yield token
         if n + 1 < limit:
             backend.decode(token)
-            stats.batches += 1
 
 
 class Drafter:
@@ -136,14 +133,12 @@ def lookup_tokens(
         draft = drafter.draft(min(max_batch - 1, limit - produced - 1))
         if not draft:
             backend.decode(token)
-            stats.batches += 1
             token = sampler.sample()
             produced += 1
             yield token
             continue
         base = backend.n_past
         backend.verify([token, *draft])
-        stats.batches += 1
         stats.drafted += len(draft)
         for i in range(len(draft) + 1):
             token = sampler.sample(i)

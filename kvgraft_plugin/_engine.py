@@ -605,7 +605,7 @@ class GraftEngine:
             drafter = Drafter(context[:n_entry], context[n_entry:], self._ends_decoding(settings["stop"]))
             tokens = lookup_tokens(self.backend, sampler, limit, drafter, lookup_batch, stats)
         else:
-            tokens = step_tokens(self.backend, sampler, limit, stats)
+            tokens = step_tokens(self.backend, sampler, limit)
         try:
             yield from self._decode(
                 plan, tokens, stats, "lookup" if lookup_batch > 1 else "step",

@@ -20,6 +20,10 @@ JSON_KEYS = {
     "decode_tokens",
     "ttft_ms",
     "total_ms",
+    "decode",
+    "decode_ms",
+    "drafted_tokens",
+    "accepted_tokens",
     "phases_ms",
     "finish_reason",
     "match",
@@ -65,6 +69,7 @@ def test_ask_json_contract(cli_library):
     assert set(out) == JSON_KEYS
     assert out["route"] == "graft" and out["entry_id"] == "mul" and out["fallback_reason"] is None
     assert out["text"] == "391" and out["restored_tokens"] > 0 and out["ttft_ms"] > 0
+    assert out["decode"] == "lookup" and out["decode_ms"] > 0 and 0 <= out["accepted_tokens"] <= out["drafted_tokens"]
     assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
     assert [v["guard"] for v in out["match"]] == [
         "threshold",
