@@ -100,7 +100,7 @@ def _row(query: Mapping[str, Any], mode: str, result: GraftResult, checker: Chec
                 "drafted_tokens",
                 "accepted_tokens",
             )
-        },  # fmt: skip
+        },
         "prefix_tokens": result.prefill_tokens + result.restored_tokens,
     }
 
