@@ -47,6 +47,7 @@ _PHRASES: tuple[tuple[str, str], ...] = (
     (r"\b(?:least|lowest|smallest) common multiple\b|\blcm\b", " lcm "),
     (r"\bsquare roots?\b|\bsqrt\b|√", " sqrt "),
     (r"\bcube roots?\b|\bcbrt\b", " cbrt "),
+    (r"\b(?:raised )?to the (\d+)(?:st|nd|rd|th) power\b", " pow \\1 "),
     (r"\bto the power of\b|\braised to(?: the power of)?\b|\*\*|\^", " pow "),
     (r"\bworst[- ]case\b|\bin the worst case\b|\bat most\b", " worst "),
     (r"\bbest[- ]case\b|\bin the best case\b", " best "),
@@ -134,6 +135,15 @@ _STOPWORDS: frozenset[str] = frozenset(
     again also only use using let suppose assume when where while after before course quickly kindly simply briefly
     have has had having take takes took taking working works worked long make makes made happen happens
     occur occurs place equal equals come comes become becomes""".split()
+) | frozenset(
+    # Discourse: how people ask, hedge and point at the problem's form, in no particular domain. None of these
+    # names an operation, a quantity or a condition; negations, comparatives, quantifiers and position words
+    # ("not", "more", "few", "last", "over") are deliberately absent: each of those can change a problem.
+    """know like want wonder curious tell say said ask need mind care see check confirm think guess reckon
+    write written wrote express expressed represent represented look try put together overall
+    hi hello hey thanks thank okay ok sure actually really basically precisely therefore thus hence
+    equation expression formula calculation problem task exercise puzzle figure quantity procedure process
+    sequence method way i'd i'm i've i'll you'd you're we're let's that's""".split()
 )
 
 _NUMBER_WORDS: dict[str, int] = {
@@ -219,11 +229,33 @@ def _code_literals(text: str) -> list[str]:
     return out
 
 
+#: Irregular past forms of common verbs, mapped to the present ("sold" asks what "sells" asks).
+_IRREGULAR: dict[str, str] = {
+    past: verb
+    for verb, forms in (
+        ("sell", "sold"), ("buy", "bought"), ("pay", "paid"), ("spend", "spent"), ("give", "gave given"),
+        ("take", "took taken"), ("make", "made"), ("write", "wrote written"), ("run", "ran"),
+        ("drive", "drove driven"), ("go", "went gone"), ("get", "got gotten"), ("have", "had"),
+        ("meet", "met"), ("keep", "kept"), ("find", "found"), ("think", "thought"), ("hold", "held"),
+        ("grow", "grew grown"), ("ride", "rode ridden"), ("fly", "flew flown"), ("eat", "ate eaten"),
+        ("build", "built"), ("shake", "shook shaken"), ("win", "won"), ("lose", "lost"),
+        ("begin", "began begun"), ("say", "said"), ("tell", "told"), ("know", "knew known"),
+        ("see", "saw seen"), ("come", "came"), ("become", "became"), ("rise", "rose risen"),
+        ("fall", "fell fallen"), ("lend", "lent"), ("draw", "drew drawn"), ("throw", "threw thrown"),
+        ("send", "sent"), ("stand", "stood"), ("sit", "sat"), ("bring", "brought"), ("catch", "caught"),
+        ("teach", "taught"), ("swim", "swam swum"), ("choose", "chose chosen"), ("break", "broke broken"),
+    )
+    for past in forms.split()
+}  # fmt: skip
+
+
 def _stem(word: str) -> str:
-    """Light stemming: possessive, plural, -ing and -ed (rounding / rounded -> round), then synonyms."""
+    """Light stemming: possessive, irregular verbs, plural, -ing and -ed (rounding / rounded -> round), then
+    synonyms."""
     word = word.strip("'")
     if word.endswith("'s"):
         word = word[:-2]
+    word = _IRREGULAR.get(word, word)
     if word in _SYNONYMS:
         return _SYNONYMS[word]
     if len(word) > 4 and word.endswith("ies"):
