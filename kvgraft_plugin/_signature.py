@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-__all__ = ["KEY_TERMS", "ORDERED", "PythonPrompt", "Signature", "python_prompt", "signature"]
+__all__ = ["KEY_TERMS", "ORDERED", "PythonPrompt", "Signature", "python_prompt", "renamed_like", "signature"]
 
 # Phrases mapped to one canonical term, applied in order to lower-cased text (longest phrases first).
 _PHRASES: tuple[tuple[str, str], ...] = (
@@ -375,6 +375,39 @@ def python_prompt(text: str) -> PythonPrompt | None:
     # names leave the prose: "Drop repeated items" and "Drop repeated xs" describe one task
     unnamed = _rename_words(" ".join(prose), dict.fromkeys(names, ""))
     return PythonPrompt(code, " ".join(unnamed.split()), frozenset(examples))
+
+
+def renamed_like(problem: str, question: str) -> str:
+    """``problem`` in ``question``'s names: when both are function prompts (`python_prompt`) with as many
+    parameters, the function and each parameter, position by position, are renamed to the question's, in the
+    signature and in the docstring (where a name that is also a common word, such as ``a``, is left alone);
+    otherwise ``problem`` unchanged.
+
+    The router matches a renamed task to its entry; restating the entry's problem in the question's names
+    lets the model write the verified solution under the names the question asks for.
+    """
+    ours, theirs = _prompt_names(problem), _prompt_names(question)
+    if ours is None or theirs is None or len(ours) != len(theirs) or ours == theirs:
+        return problem
+    names = {old: new for old, new in zip(ours, theirs) if old != new}
+    source = textwrap.dedent(problem).strip("\n")
+    function = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef))
+    lines = source.splitlines(keepends=True)
+    cut = function.body[0].lineno - 1  # the docstring's first line
+    header = "".join(lines[:cut])
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)")
+    return pattern.sub(lambda m: names[m.group(1)], header) + _rename_words("".join(lines[cut:]), names)
+
+
+def _prompt_names(text: str) -> list[str] | None:
+    """A function prompt's function name, then its parameters in order (``None``: not a function prompt)."""
+    if python_prompt(text) is None:
+        return None
+    tree = ast.parse(textwrap.dedent(text).strip("\n"))
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
+    args = function.args
+    params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
+    return [function.name, *params]
 
 
 class _Rename(ast.NodeTransformer):

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ._exceptions import ConfigError
+from ._signature import renamed_like
 
 __all__ = [
     "END_OF_SOLUTION",
@@ -164,7 +165,7 @@ def render_query(
     """
     _check_format(fmt)
     head = f"{system.strip()}\n\n" if system and system.strip() else ""
-    restated = _restated(same_as)
+    restated = _restated(same_as, question)
     if fmt == "solution":
         turns = "".join(f"Problem: {q.strip()}\nSolution:\n{a.rstrip()}\n{END_OF_SOLUTION}\n\n" for q, a in history)
         return f"{head}{turns}Problem: {question.strip()}\n{restated}Solution:"
@@ -172,8 +173,14 @@ def render_query(
     return f"{head}{turns}Problem: {question.strip()}\n{restated}Answer:"
 
 
-def _restated(same_as: Entry | None) -> str:
-    return f"This is the problem solved above: {same_as.problem.strip()}\n" if same_as is not None else ""
+def _restated(same_as: Entry | None, question: str) -> str:
+    """The matched entry's problem, in the question's names when both are function prompts: measured on Gemma
+    3 270M, the code library's 26 renamed and 12 reworded tasks forced onto their entry pass their tests
+    23/26 and 7/12 restated in the question's names, 9/26 and 6/12 in the entry's own (the copied body kept
+    the entry's parameter names), 5/26 and 6/12 with a "Names: old -> new" line added instead."""
+    if same_as is None:
+        return ""
+    return f"This is the problem solved above: {renamed_like(same_as.problem, question).strip()}\n"
 
 
 # -- templates: the pieces of every route as tokenizable segments ------------------------------------

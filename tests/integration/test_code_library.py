@@ -29,6 +29,9 @@ def test_code_library_builds_verified_and_grafts_passing_code(tmp_path, gemma_pa
 
     wanted = {"repeat-rle", "repeat-balanced", "reworded-roman", "uncovered-3"}
     queries = [json.loads(q) for q in (CODE / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
+    renamed = [json.loads(q) for q in (CODE / "routing.jsonl").read_text(encoding="utf-8").splitlines()]
+    queries += [q for q in renamed if q["id"] == "renamed-triangular"]
+    wanted.add("renamed-triangular")
     picked = tmp_path / "queries.jsonl"
     picked.write_text("".join(json.dumps(q) + "\n" for q in queries if q["id"] in wanted), encoding="utf-8")
     out = tmp_path / "bench"
@@ -43,6 +46,11 @@ def test_code_library_builds_verified_and_grafts_passing_code(tmp_path, gemma_pa
         # a copied solution comes mostly from accepted drafts
         assert rows[qid, "graft"]["decode"] == "lookup"
         assert rows[qid, "graft"]["accepted_tokens"] > rows[qid, "graft"]["decode_tokens"] / 2
+    # a renamed task: the entry's problem is restated in the query's names, so the copied solution uses them
+    # (restated in the entry's own names, this one failed: its body used the entry's parameter name)
+    renamed_row = rows["renamed-triangular", "graft"]
+    assert (renamed_row["route"], renamed_row["entry_id"], renamed_row["correct"]) == ("graft", "code/triangular", True)
+    assert "n_in" in renamed_row["text"], renamed_row["text"]
     assert rows["uncovered-3", "graft"]["route"] == "plain"
     for qid in wanted:
         if rows[qid, "graft"]["route"] == "graft":

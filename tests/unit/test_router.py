@@ -82,8 +82,10 @@ GUARD_CASES = {
                 "A train travels 180 kilometres in 2.5 hours. What is its average speed in km/h?",
             ),
             # irregular past tense; discourse words (asking, contractions, the problem's form, "together")
-            ("A farmer had 3 crates of 24 apples and sold 29. How many apples are left?",
-             "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?"),
+            (
+                "A farmer had 3 crates of 24 apples and sold 29. How many apples are left?",
+                "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?",
+            ),
             ("I'd like to know what 17 multiplied by 23 equals.", "What is 17 times 23?"),
             ("Multiply 36 and 48 together.", "What is 48 times 36?"),
             ("Solve the equation 5x - 7 = 3x + 9 for x.", "Solve for x: 5x - 7 = 3x + 9."),
@@ -94,8 +96,10 @@ GUARD_CASES = {
             # the discourse words leave out negations, comparatives and position words: they change a problem
             ("How many integers below 50 are not prime?", "How many prime numbers are less than 50?"),
             ("What is the last prime below 50?", "How many prime numbers are less than 50?"),
-            ("A farmer had 3 crates of 24 apples and bought 29 apples. How many apples are there?",
-             "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?"),
+            (
+                "A farmer had 3 crates of 24 apples and bought 29 apples. How many apples are there?",
+                "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?",
+            ),
             ("What is the cube root of 1764?", "What is the square root of 1764?"),  # another concept
             ("What is the binary number 101101 in hexadecimal?", "What is the binary number 101101 in decimal?"),
             ("How many numbers are less than 50?", "How many prime numbers are less than 50?"),  # a concept dropped

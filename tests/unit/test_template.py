@@ -104,3 +104,21 @@ def test_text_template_pieces_are_the_rendered_strings():
     assert template.query("q", same_as=entry) == (Segment(render_query("q", same_as=entry)),)
     with pytest.raises(ConfigError, match="template must be"):
         make_template("jinja")  # type: ignore[arg-type]
+
+
+def test_a_matched_function_prompt_is_restated_in_the_questions_names():
+    from kvgraft_plugin._signature import renamed_like
+
+    entry = Entry("code/chunks", 'def chunk_list(items, n):\n    """Split items into lists of n."""', "    ...")
+    question = 'def chunks(xs, size):\n    """Cut xs into pieces."""'
+    restated = 'def chunks(xs, size):\n    """Split xs into lists of size."""'
+    assert renamed_like(entry.problem, question) == restated
+    suffix = render_query(question, same_as=entry, fmt="solution")
+    assert suffix.endswith(f"This is the problem solved above: {restated}\nSolution:")
+    # unchanged: the same names, another number of parameters, a question that is no function prompt
+    assert renamed_like(entry.problem, entry.problem) == entry.problem
+    assert renamed_like(entry.problem, 'def chunks(xs):\n    """Cut xs."""') == entry.problem
+    assert renamed_like(entry.problem, "Split a list into chunks of n.") == entry.problem
+    # a name that is also a common word stays in the docstring's prose, and is renamed in the signature
+    got = renamed_like('def f(a, b):\n    """Add a and b."""', 'def g(x, y):\n    """Sum."""')
+    assert got == 'def g(x, y):\n    """Add a and y."""'
