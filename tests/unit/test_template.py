@@ -23,9 +23,9 @@ from kvgraft_plugin._template import (
 CODE = Entry("c/1", "def f(x):\n    '''Double x.'''", "    y = x * 2\n\n    return y\n")
 
 
-def test_answer_format_is_unchanged():
+def test_answer_format_repeats_the_answer_after_the_solution():
     entry = Entry("m", " What is 2+2? ", " 2 + 2 = 4. ", "4")
-    assert render_entry(entry) == "Problem: What is 2+2?\nAnswer: 4\nSolution: 2 + 2 = 4.\n\n"
+    assert render_entry(entry) == "Problem: What is 2+2?\nAnswer: 4\nSolution: 2 + 2 = 4.\nAnswer: 4\n\n"
     assert render_query("What is 2+2?") == "Problem: What is 2+2?\nAnswer:"
     assert template_id("answer") == TEMPLATE_VERSION and default_stop("answer") == ("\n",)
 
@@ -37,6 +37,9 @@ def test_solution_format_keeps_the_solution_verbatim_and_the_query_continues_lik
     assert query.endswith("Solution:") and entry_text.startswith(query.split("This is the problem")[0])
     assert default_stop("solution") == (f"\n{END_OF_SOLUTION}",)
     assert template_id("solution") != template_id("answer")  # a solution library's states are its own
+    # renderings unchanged since v2 keep their name, so their libraries stay valid
+    assert template_id("solution") == "solved-v2+solution" and TEMPLATE_VERSION == "solved-v3"
+    assert template_id("answer", "chat", "gemma") == "solved-v2+chat:gemma"
 
 
 def test_solution_history_turns_are_closed_by_the_marker():
