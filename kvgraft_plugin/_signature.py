@@ -355,8 +355,7 @@ def python_prompt(text: str) -> PythonPrompt | None:
     if len(functions) != 1 or others or (docstring := ast.get_docstring(functions[0])) is None:
         return None
     function = functions[0]
-    args = function.args
-    params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
+    params = _names(function)[1:]
     names = {function.name: "func"} | {name: f"param_{chr(ord('a') + i)}" for i, name in enumerate(params[:26])}
     function.body = function.body[1:] or [ast.Pass()]
     code = ast.unparse(_Rename(names).visit(tree))
@@ -394,9 +393,7 @@ def renamed_like(problem: str, question: str) -> str:
     function = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef))
     lines = source.splitlines(keepends=True)
     cut = function.body[0].lineno - 1  # the docstring's first line
-    header = "".join(lines[:cut])
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)")
-    return pattern.sub(lambda m: names[m.group(1)], header) + _rename_words("".join(lines[cut:]), names)
+    return _substitute("".join(lines[:cut]), names) + _rename_words("".join(lines[cut:]), names)
 
 
 def _prompt_names(text: str) -> list[str] | None:
@@ -404,7 +401,11 @@ def _prompt_names(text: str) -> list[str] | None:
     if python_prompt(text) is None:
         return None
     tree = ast.parse(textwrap.dedent(text).strip("\n"))
-    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
+    return _names(next(node for node in tree.body if isinstance(node, ast.FunctionDef)))
+
+
+def _names(function: ast.FunctionDef) -> list[str]:
+    """The function's name, then its parameters in order."""
     args = function.args
     params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
     return [function.name, *params]
@@ -431,11 +432,15 @@ class _Rename(ast.NodeTransformer):
 
 def _rename_words(text: str, names: dict[str, str]) -> str:
     """Names as placeholders in prose, except names that are also common words ("a", "in")."""
-    wanted = {k: v for k, v in names.items() if k.lower() not in _STOPWORDS}
-    if not wanted:
+    return _substitute(text, {k: v for k, v in names.items() if k.lower() not in _STOPWORDS})
+
+
+def _substitute(text: str, names: dict[str, str]) -> str:
+    """Every whole identifier in ``names`` (not an attribute: ``x.n`` keeps ``n``) replaced by its value."""
+    if not names:
         return text
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(wanted, key=len, reverse=True))) + r")(?!\w)")
-    return pattern.sub(lambda m: wanted[m.group(1)], text)
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)")
+    return pattern.sub(lambda m: names[m.group(1)], text)
 
 
 #: Words that change what a function does, key terms in a docstring's prose only (in a word problem
