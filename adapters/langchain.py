@@ -162,8 +162,11 @@ class _KVGraftMixin(BaseModel):
     """Route policy (see `GraftEngine.stream`)."""
     fallback: Literal["auto", "raise"] = "auto"
     """``"raise"``: a query with no match raises `NoMatchError` (compose ``.with_fallbacks``)."""
+    model: str | None = None
+    """A model name (``kvgraft models``: ``qwen2.5-coder-1.5b-instruct``...) or a GGUF path; the same as
+    ``model_path``. Default: the library's model, else Gemma 3 270M."""
     model_path: str | None = None
-    """GGUF file; default: the library's model, else Gemma 3 270M."""
+    """GGUF file or model name; default: the library's model, else Gemma 3 270M."""
     n_ctx: int | None = None
     """Context length (default 4096)."""
     n_batch: int | None = None
@@ -235,6 +238,8 @@ class _KVGraftMixin(BaseModel):
     def _validate_engine(self) -> _KVGraftMixin:
         if self.engine is not None and not isinstance(self.engine, GraftEngine):
             raise ConfigError(f"engine must be a GraftEngine, got {type(self.engine).__name__}")
+        if self.model is not None and self.model_path is not None and self.model != self.model_path:
+            raise ConfigError(f"model={self.model!r} and model_path={self.model_path!r} name two models; give one")
         # refuse a bad threshold or temperature now, not at the first call
         EngineConfig().with_settings(**self._routing(), **self._sampling())
         return self
@@ -243,7 +248,9 @@ class _KVGraftMixin(BaseModel):
         if self.engine is not None:
             return self.engine  # type: ignore[no-any-return]
         if self._engine is None:
-            config = EngineConfig().with_settings(**{k: getattr(self, k) for k in _ENGINE_SETTINGS})
+            settings = {k: getattr(self, k) for k in _ENGINE_SETTINGS}
+            settings["model_path"] = self.model_path or self.model
+            config = EngineConfig().with_settings(**settings)
             key, self._engine = _POOL.acquire(self.library, config)
             self._release = weakref.finalize(self, _POOL.release_later, key)
             self._release.atexit = False  # at exit the pool closes its engines itself (`close_all`)

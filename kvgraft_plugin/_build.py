@@ -22,7 +22,7 @@ from ._engine import GraftEngine
 from ._exceptions import ContextOverflowError, LibraryError, SourceError
 from ._index import IndexKind, VectorIndex, geometry_threshold, stale_index_files
 from ._library import EntryRecord, Library, fingerprint_sha256, source_sha256, state_file_name
-from ._models import bundled_model_path
+from ._models import CATALOGUE, model_name_of
 from ._state import atomic_write, encode_state
 from ._template import Entry
 
@@ -213,14 +213,9 @@ def encode_entry(engine: GraftEngine, entry: Entry, src_sha: str) -> tuple[Entry
 
 def _model_record(engine: GraftEngine) -> dict[str, Any]:
     model_path = engine.model_path.resolve()
-    bundled = None
-    for name in ("gemma3-270m", "smollm2-135m"):
-        try:
-            if bundled_model_path(name).resolve() == model_path:  # type: ignore[arg-type]
-                bundled = name
-        except Exception:  # a bundled model that is not installed is simply not this one
-            continue
-    return {"path": str(model_path), "sha256": engine.model_sha256, "bundled": bundled}
+    name = model_name_of(model_path)
+    bundled = name if name is not None and CATALOGUE[name].bundled else None
+    return {"path": str(model_path), "sha256": engine.model_sha256, "bundled": bundled, "name": name}
 
 
 def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool) -> VectorIndex:

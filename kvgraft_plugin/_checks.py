@@ -4,6 +4,9 @@ Code is checked by running tests: `run_tests` executes a program in a fresh inte
 in a temporary directory with a time limit; `tests_checker` (``--checker tests``) runs the expected
 entry's tests against the produced code under the function name the query asks for.
 
+Code is taken out of an instruct model's answer first (`extract_code`): a fenced block, else the asked
+function's last ``def``.
+
 Extraction rule: the final answer is the text after the last ``Answer:`` if there is one, else the
 first line of the output. Normalisation lower-cases, drops surrounding spaces, a trailing period,
 ``$`` and thousands separators. Two answers match when their normalised forms are equal, or when both
@@ -30,6 +33,7 @@ __all__ = [
     "default_check",
     "entry_problems",
     "extract_answer",
+    "extract_code",
     "library_tests_checker",
     "load_checker",
     "normalize_answer",
@@ -40,6 +44,8 @@ __all__ = [
 #: Seconds a test program may run.
 TEST_TIMEOUT = 10.0
 _DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+#: A fenced Markdown code block; the closing fence may be missing at the end of the text (a cut answer).
+_FENCED = re.compile(r"^[ \t]*```[\w+-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.MULTILINE | re.DOTALL)
 
 Checker = Callable[[Mapping[str, Any], str], bool]
 _NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?$")
@@ -117,12 +123,30 @@ def run_tests(program: str, *, timeout: float = TEST_TIMEOUT) -> str | None:
     return lines[-1] if lines else f"exit status {done.returncode}"
 
 
+def extract_code(text: str, name: str | None = None) -> str:
+    """The code in a model's answer, as instruct models write it: the last fenced block (```` ``` ````) that
+    defines ``name`` (else the last fenced block); without a fence, the last complete ``def name(`` and
+    what follows it up to the next unindented line; else the text as it is (a body continuing a prompt)."""
+    blocks = [m.group(1) for m in _FENCED.finditer(text)]
+    if blocks:
+        defining = [b for b in blocks if name and re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", b, re.M)]
+        return (defining or blocks)[-1]
+    starts = [m.start() for m in _DEF.finditer(text) if name is None or m.group(1) == name]
+    if not starts or re.match(r"\s*(def|import|from|class|@)\b", text):
+        return text
+    lines = text[starts[-1] :].splitlines()
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() and not line[0].isspace()), len(lines))
+    return "\n".join(lines[:end])
+
+
 def code_program(prompt: str, text: str, tests: str, *, tested_name: str | None) -> str:
-    """The program that tests ``text`` written for ``prompt``: a complete function as is, else the prompt
-    continued by ``text``; then ``tested_name = <asked name>`` when the tests call another name."""
+    """The program that tests ``text`` written for ``prompt``: its code (`extract_code`), a complete function
+    as is, else the prompt continued by it; then ``tested_name = <asked name>`` when the tests call another
+    name."""
+    asked = _DEF.search(prompt)
+    text = extract_code(text, asked.group(1) if asked else None)
     complete = re.match(r"\s*(def|import|from|class|@)\b", text) is not None
     code = text if complete else f"{prompt.rstrip()}\n{text}"
-    asked = _DEF.search(prompt)
     alias = ""
     if tested_name and asked and asked.group(1) != tested_name:
         alias = f"\n{tested_name} = {asked.group(1)}\n"

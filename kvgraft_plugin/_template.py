@@ -38,9 +38,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ._exceptions import ConfigError
-from ._signature import renamed_like
+from ._signature import python_prompt, renamed_like
 
 __all__ = [
+    "CODE_FENCE",
     "END_OF_SOLUTION",
     "FORMATS",
     "SAME_TASK",
@@ -56,6 +57,7 @@ __all__ = [
     "TextTemplate",
     "auto_format",
     "default_stop",
+    "is_code_prompt",
     "render_entry",
     "render_preamble",
     "render_query",
@@ -67,6 +69,8 @@ __all__ = [
 #: after the solution; every other rendering is unchanged since `_V2`, and keeps that name.
 TEMPLATE_VERSION = "solved-v3"
 _V2 = "solved-v2"
+#: The chat template's ``solution`` format since a function prompt's entry is answered as a fenced block.
+_CHAT_SOLUTION = "solved-v4"
 
 AnswerFormat = Literal["answer", "solution"]
 FORMATS: tuple[AnswerFormat, ...] = ("answer", "solution")
@@ -75,6 +79,9 @@ TEMPLATES: tuple[TemplateKind, ...] = ("text", "chat")
 
 #: Closes a solution in the ``solution`` format, on its own line; decoding stops before it.
 END_OF_SOLUTION = "[end of solution]"
+#: Opens and closes a code block in the chat template's ``solution`` format (Markdown, as instruct models write).
+CODE_FENCE = "```"
+CODE_OPENER = f"{CODE_FENCE}python\n"
 
 _PREAMBLE = "Solved problems with verified answers.\n\n"
 
@@ -115,19 +122,28 @@ def template_id(fmt: AnswerFormat = "answer", kind: TemplateKind = "text", chat_
     _check_format(fmt)
     if fmt == "answer" and kind == "text":
         return TEMPLATE_VERSION
-    name = _V2 if fmt == "answer" else f"{_V2}+{fmt}"
+    name = _V2 if fmt == "answer" else f"{_CHAT_SOLUTION if kind == 'chat' else _V2}+{fmt}"
     if kind == "chat":
         name += f"+chat:{chat_name or 'gguf'}"
     return name
 
 
-def default_stop(fmt: AnswerFormat = "answer", kind: TemplateKind = "text") -> tuple[str, ...]:
+def default_stop(fmt: AnswerFormat = "answer", kind: TemplateKind = "text", *, fenced: bool = False) -> tuple[str, ...]:
     """Where decoding stops unless told otherwise: the newline for an answer; the end marker for a solution
-    in the text template, the model's end-of-turn token (an end of generation) in the chat template."""
+    in the text template; in the chat template the model's end-of-turn token (an end of generation), and
+    for a function prompt (``fenced``) the code block's closing fence."""
     _check_format(fmt)
     if fmt == "answer":
         return ("\n",)
-    return (f"\n{END_OF_SOLUTION}",) if kind == "text" else ()
+    if kind == "text":
+        return (f"\n{END_OF_SOLUTION}",)
+    return (f"\n{CODE_FENCE}",) if fenced else ()
+
+
+def is_code_prompt(text: str) -> bool:
+    """A Python function prompt (a ``def`` with a docstring, imports allowed before it): the chat template
+    answers it as a fenced code block."""
+    return python_prompt(text) is not None
 
 
 def render_preamble() -> str:
@@ -239,8 +255,8 @@ class Template(Protocol):
     ) -> Prompt:
         """The suffix after the preamble or the prefix; the model continues it."""
 
-    def stop(self) -> tuple[str, ...]:
-        """Default stop strings."""
+    def stop(self, question: str | None = None) -> tuple[str, ...]:
+        """Default stop strings (for ``question``, when they depend on it)."""
 
     def trim(self, text: str) -> str:
         """The answer text from the decoded text."""
@@ -276,7 +292,7 @@ class TextTemplate:
     ) -> Prompt:
         return (Segment(render_query(question, system=system, history=history, same_as=same_as, fmt=self.fmt)),)
 
-    def stop(self) -> tuple[str, ...]:
+    def stop(self, question: str | None = None) -> tuple[str, ...]:
         return default_stop(self.fmt)
 
     def trim(self, text: str) -> str:
@@ -307,8 +323,12 @@ class ChatTemplate:
     special tokens) and every message's text is inserted verbatim (tokenized as plain text). The
     ``answer`` format shows ``Answer: … / Solution: …`` as the entry's assistant turn and opens the
     query's assistant turn with ``Answer:``; the ``solution`` format's assistant turn is the solution
-    verbatim and the answer ends at the model's end of turn. A request's system text is put before its
-    question in the user turn: templates differ on where (and whether) a system turn may follow others.
+    verbatim and the answer ends at the model's end of turn. A function prompt's solution is written as
+    instruct models write code: the whole function in a ```` ```python ```` block (the entry's problem and its
+    solution); a function prompt's query opens its assistant turn with that block's first line, and decoding
+    stops at the closing fence, so a covered answer costs the code's tokens and not the prose an instruct
+    model writes after it. A request's system text is put before its question in the user turn: templates
+    differ on where (and whether) a system turn may follow others.
     """
 
     render: ChatRenderer
@@ -341,10 +361,15 @@ class ChatTemplate:
     ) -> Prompt:
         head = f"{system.strip()}\n\n" if system and system.strip() else ""
         same = f"\n{SAME_TASK}" if same_as is not None else ""
-        return self._split(f"{head}{question.strip()}{same}", history, same_as)[2]
+        fenced = self._fenced(question)
+        return self._split(f"{head}{question.strip()}{same}", history, same_as, fenced=fenced)[2]
 
-    def stop(self) -> tuple[str, ...]:
-        return default_stop(self.fmt, "chat")
+    def stop(self, question: str | None = None) -> tuple[str, ...]:
+        return default_stop(self.fmt, "chat", fenced=self._fenced(question))
+
+    def _fenced(self, problem: str | None) -> bool:
+        """A function prompt in the ``solution`` format: its answer is a ``python`` code block."""
+        return self.fmt == "solution" and problem is not None and is_code_prompt(problem)
 
     def trim(self, text: str) -> str:
         return text.lstrip() if self.fmt == "answer" else text
@@ -358,15 +383,19 @@ class ChatTemplate:
         return (f"Answer: {answer.strip()}\n" if answer is not None else "") + f"Solution: {text.strip()}"
 
     def _split(
-        self, question: str, history: Sequence[tuple[str, str]], entry: Entry | None
+        self, question: str, history: Sequence[tuple[str, str]], entry: Entry | None, *, fenced: bool = False
     ) -> tuple[Prompt, Prompt, Prompt]:
-        """(preamble, entry turns, query suffix), checked to concatenate to the template's own rendering."""
+        """(preamble, entry turns, query suffix), checked to concatenate to the template's own rendering;
+        ``fenced``: the suffix opens the answer's code block."""
         turns: list[tuple[str, str]] = []
         for q, a in history:
             turns += [("user", q.strip()), ("assistant", self._assistant(a, shown=False))]
         turns.append(("user", question.rstrip()))
         shown = entry or Entry("-", "problem", "solution", "answer")
-        entry_turns = [("user", shown.problem.strip()), ("assistant", self._assistant(shown.solution, shown.answer))]
+        solved = self._assistant(shown.solution, shown.answer)
+        if self._fenced(shown.problem):
+            solved = f"{CODE_OPENER}{shown.problem.strip()}\n{shown.solution.rstrip()}\n{CODE_FENCE}"
+        entry_turns = [("user", shown.problem.strip()), ("assistant", solved)]
         contents = [c for _, c in entry_turns + turns]
         slots = [(role, f"\ue000{i}\ue001") for i, (role, _) in enumerate(entry_turns + turns)]
         with_entry = self.render(slots, True)
@@ -384,7 +413,7 @@ class ChatTemplate:
                 f"the chat template {self.chat_name or '(the model’s own)'} starts a conversation differently "
                 "with and without the entry, so a graft prefix cannot be cut from it; use --template text"
             )
-        opener = (Segment("Answer:"),) if self.fmt == "answer" else ()
+        opener = (Segment("Answer:"),) if self.fmt == "answer" else (Segment(CODE_OPENER),) if fenced else ()
         return (
             _segments(preamble, contents),
             _segments(entry_only[len(preamble) :], contents),

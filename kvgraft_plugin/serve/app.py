@@ -30,6 +30,7 @@ from starlette.background import BackgroundTask
 from .._engine import GraftChunk, GraftEngine, GraftResult
 from .._exceptions import ContextOverflowError, EngineClosedError, KVGraftError, QueryError
 from .._messages import split_chat
+from .._models import model_name_of
 from .schemas import ChatRequest, CompletionRequest, error_body, kvgraft_object, usage
 
 __all__ = ["MODEL_ID", "create_app"]
@@ -100,7 +101,8 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
     app = FastAPI(title="kvgraft", docs_url=None, redoc_url=None)
     metrics = Metrics()
     slots = _Slots(max_queue, metrics)
-    model_ids = (MODEL_ID, Path(engine.model_path).stem)
+    name = model_name_of(Path(engine.model_path))
+    model_ids = (MODEL_ID, Path(engine.model_path).stem, *((name,) if name else ()))
 
     def authorized(request: Request) -> None:
         if api_key is None:

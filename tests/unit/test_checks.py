@@ -72,3 +72,47 @@ def test_code_is_checked_by_running_its_tests():
     assert not tests_checker(lambda query: None)({"question": renamed}, "    return v * 2")
     entry = Entry("d", prompt, "    return x + 1", tests=tests)
     assert entry_problems(entry) and "tests fail" in entry_problems(entry)[0]
+
+
+FENCED_ANSWER = """Certainly! Below is the implementation:
+
+```python
+def helper(x):
+    return x
+
+def run_length_encode(text):
+    return "a3b1"
+```
+
+Example usage:
+
+```python
+print(run_length_encode("aaab"))
+```
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "expected_start"),
+    [
+        (FENCED_ANSWER, "run_length_encode", "def helper(x):"),  # the block that defines the asked name
+        ("```py\nx = 1\n```", "f", "x = 1"),  # no block defines it: the last block
+        ("```python\ndef f():\n    return 1", "f", "def f():"),  # a cut answer: the fence never closed
+        ("Here:\ndef f(a):\n    return a\nThat is all.", "f", "def f(a):"),  # no fence: the asked def
+        ("    return a + 1", "f", "    return a + 1"),  # a body continuing the prompt
+    ],
+)
+def test_extract_code(text, name, expected_start):
+    from kvgraft_plugin._checks import extract_code
+
+    code = extract_code(text, name)
+    assert code.startswith(expected_start) and "```" not in code and "That is all" not in code
+
+
+def test_tests_checker_reads_an_instruct_models_fenced_answer():
+    from kvgraft_plugin._checks import tests_checker
+
+    problem = 'def run_length_encode(text):\n    """Encode runs."""'
+    check = tests_checker(lambda q: (problem, "assert run_length_encode('aaab') == 'a3b1'"))
+    assert check({"question": problem}, FENCED_ANSWER)
+    assert not check({"question": problem}, FENCED_ANSWER.replace('"a3b1"', '"a3"'))

@@ -28,6 +28,7 @@ def test_all_is_pinned():
             "Library",
             "LibraryError",
             "LlamaConfig",
+            "ModelError",
             "NoMatchError",
             "QueryError",
             "RamStateCache",

@@ -81,11 +81,26 @@ def test_chat_template_cuts_the_prefix_at_a_turn_boundary_and_marks_only_markup_
 
 def test_chat_solution_is_the_assistant_turn_verbatim_and_ends_at_the_end_of_turn():
     template = make_template("chat", "solution", render=chatml, chat_name="chatml")
-    prefix = template.prefix(CODE)
-    assert Segment("    y = x * 2\n\n    return y") in prefix  # the first line's indentation kept
-    assert template.query(CODE.problem)[-1] == Segment("<|im_end|>\n<|im_start|>assistant\n", special=True)
-    assert template.stop() == () and template.trim("    return 1") == "    return 1"
+    derivation = Entry("d/1", "Solve 2x = 6.", "  Divide by 2:\n\n  x = 3\n")
+    prefix = template.prefix(derivation)
+    assert Segment("  Divide by 2:\n\n  x = 3") in prefix  # the first line's indentation kept
+    assert template.query(derivation.problem)[-1] == Segment("<|im_end|>\n<|im_start|>assistant\n", special=True)
+    assert template.stop(derivation.problem) == () and template.trim("    return 1") == "    return 1"
     assert template.name.endswith("+chat:chatml")
+
+
+def test_chat_solution_of_a_function_prompt_is_a_fenced_block_and_stops_at_its_closing_fence():
+    fn = Entry("code/dbl", 'def dbl(x):\n    """Twice x."""', "    return 2 * x")
+    template = make_template("chat", "solution", render=chatml)
+    prefix, query = template.prefix(fn), template.query(fn.problem, same_as=fn)
+    assert Segment('```python\ndef dbl(x):\n    """Twice x."""\n    return 2 * x\n```') in prefix
+    assert query[-2:] == (Segment("<|im_end|>\n<|im_start|>assistant\n", special=True), Segment("```python\n"))
+    assert template.stop(fn.problem) == ("\n```",)
+    # plain decoding of the same question opens the same block; prose questions are answered as before
+    assert (template.preamble() + template.query(fn.problem))[-1] == Segment("```python\n")
+    assert template.query("Explain recursion.")[-1].special and template.stop("Explain recursion.") == ()
+    assert template.name == "solved-v4+solution+chat:gguf"  # another rendering than v2's: rebuilt
+    assert make_template("text", "solution").stop(fn.problem) == (f"\n{END_OF_SOLUTION}",)
 
 
 def test_a_chat_template_that_cannot_be_cut_at_a_turn_is_refused():

