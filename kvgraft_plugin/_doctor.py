@@ -103,7 +103,9 @@ def run_doctor(
     if larger_ctx:
         others.append((f"n_ctx={2 * engine.n_ctx}", {"n_ctx": 2 * engine.n_ctx}))
     for label, change in others:
-        with GraftEngine(None, config=engine.config.replace(llama=engine.config.llama.replace(**change))) as other:
+        # decode="step": these engines only prefill and restore; measuring lookup's batches there cost a minute
+        config = engine.config.replace(llama=engine.config.llama.replace(**change), decode="step")
+        with GraftEngine(None, config=config) as other:
             for name, (tokens, saved) in captured.items():
                 # one prefill: its bytes must equal the original's, and the original's restored must continue
                 # the probe as that fresh prefill does
