@@ -18,7 +18,7 @@ STAMP   := .venv/.kvgraft-installed-$(BUILD_ID)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test test-fast bench lint clean
 
 setup: $(STAMP)
 
@@ -36,8 +36,14 @@ $(STAMP): pyproject.toml Makefile
 	rm -f .venv/.kvgraft-installed*
 	touch $(STAMP)
 
+# MODEL=qwen2.5-coder-1.5b-instruct (`kvgraft models`): the code demo on that model, pulled first (once)
 demo: setup
-	.venv/bin/kvgraft demo
+	$(if $(MODEL),.venv/bin/kvgraft models pull $(MODEL) >/dev/null)
+	.venv/bin/kvgraft demo $(if $(MODEL),--model $(MODEL))
+
+# The unit tier: logic on fakes and small files, no model run (~10 s).
+test-fast: setup
+	.venv/bin/pytest tests/unit -q -p no:cacheprovider
 
 test: setup lint
 	.venv/bin/pytest tests -q -p no:cacheprovider --durations=10

