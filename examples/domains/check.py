@@ -3,6 +3,7 @@
 
 Usage: python3 examples/domains/check.py   (exit status 1 on any problem)
 """
+
 import json
 import os
 import re
@@ -10,10 +11,8 @@ import sys
 from collections import Counter, defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DOMAINS = ["physics", "chemistry", "finance", "units", "facts", "code",
-           "german", "russian", "chinese"]
-NEAR_MISS_KINDS = ["asked-quantity", "concept", "negation", "operation",
-                   "unit", "order", "numbers"]
+DOMAINS = ["physics", "chemistry", "finance", "units", "facts", "code", "german", "russian", "chinese"]
+NEAR_MISS_KINDS = ["asked-quantity", "concept", "negation", "operation", "unit", "order", "numbers"]
 TOP_KINDS = ["paraphrase", "near-miss", "uncovered"]
 ENTRY_KEYS = {"id", "problem", "solution", "answer"}
 QUERY_KEYS = {"id", "question", "kind", "expect_entry", "answer"}
@@ -21,7 +20,11 @@ SCRIPT = {  # every problem/solution/question in these folders must use the scri
     "russian": re.compile(r"[\u0400-\u04FF]"),
     "chinese": re.compile(r"[\u4E00-\u9FFF]"),
 }
-GERMAN_HINT = re.compile(r"\b(der|die|das|den|dem|ein|eine|einen|wie|was|welche|welchen|welcher|viel|viele|von|mit|und|ist|sind|hat|um|aus|auf|man|für|bei)\b", re.I)
+GERMAN_WORDS = (
+    "der die das den dem ein eine einen wie was welche welchen welcher viel viele von mit und ist sind hat um aus "
+    "auf man für bei"
+)
+GERMAN_HINT = re.compile(r"\b(" + "|".join(GERMAN_WORDS.split()) + r")\b", re.I)
 
 errors = []
 
@@ -153,8 +156,7 @@ def main():
             err(f"{q_path}: {tops['near-miss']} near-misses, expected 2-3 per entry")
         if tops["uncovered"] != 4:
             err(f"{q_path}: {tops['uncovered']} uncovered, expected 4")
-        table[dom] = (len(entries), tops["paraphrase"], tops["near-miss"], tops["uncovered"],
-                      sum(tops.values()))
+        table[dom] = (len(entries), tops["paraphrase"], tops["near-miss"], tops["uncovered"], sum(tops.values()))
         nm_table[dom] = nms
         para_table[dom] = paras
 
@@ -167,8 +169,15 @@ def main():
         print(f"{dom:<10}" + "".join(f"{v:>11}" for v in row))
     print(f"{'TOTAL':<10}" + "".join(f"{v:>11}" for v in tot))
     print()
-    short = {"asked-quantity": "asked", "concept": "concept", "negation": "negat",
-             "operation": "oper", "unit": "unit", "order": "order", "numbers": "numbers"}
+    short = {
+        "asked-quantity": "asked",
+        "concept": "concept",
+        "negation": "negat",
+        "operation": "oper",
+        "unit": "unit",
+        "order": "order",
+        "numbers": "numbers",
+    }
     print("near-miss kinds")
     print(f"{'domain':<10}" + "".join(f"{short[k]:>9}" for k in NEAR_MISS_KINDS))
     nm_tot = Counter()

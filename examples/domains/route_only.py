@@ -74,8 +74,8 @@ def main() -> None:
         total.update(para=len(para), right=right, wrong=wrong, near=len(near), near_m=near_m, unc=len(unc), unc_m=unc_m)
         print(f"{domain:<10} {right:>8}/{len(para):<8} {wrong:>6} {near_m:>9}/{len(near):<8} {unc_m:>9}/{len(unc):<8}")
     print(
-        f"{'all':<10} {total['right']:>8}/{total['para']:<8} {total['wrong']:>6} {total['near_m']:>9}/{total['near']:<8} "
-        f"{total['unc_m']:>9}/{total['unc']:<8}"
+        f"{'all':<10} {total['right']:>8}/{total['para']:<8} {total['wrong']:>6} "
+        f"{total['near_m']:>9}/{total['near']:<8} {total['unc_m']:>9}/{total['unc']:<8}"
     )
     refusals = collections.Counter(r["refused_by"] for r in rows if r["kind"] == "paraphrase" and r["matched"] is None)
     print("paraphrases refused by:", dict(refusals.most_common()))

@@ -7,6 +7,7 @@ printed per task; the exit status is 1 if any task fails, else 0.
 
 Usage: python3 examples/hard/check.py
 """
+
 import json
 import os
 import subprocess
@@ -23,7 +24,9 @@ def run_task(task):
     try:
         proc = subprocess.run(
             [sys.executable or "python3", "-I", "-c", src],
-            capture_output=True, text=True, timeout=TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
         return False, f"timeout after {TIMEOUT_S}s"
