@@ -8,7 +8,8 @@ KVGraftError
 ├── LibraryError                      a library folder that cannot be used
 │   ├── EntryNotFoundError (KeyError) no entry with that id
 │   ├── IndexMismatchError            the faiss index does not fit the embedder or manifest
-│   └── SignatureError                the library is unsigned or badly signed
+│   ├── SignatureError                the library is unsigned or badly signed
+│   └── StorageError (OSError)        a library URL's storage failed (network, endpoint, credentials)
 ├── StateError                        a saved KV state that must not be restored
 │   ├── IntegrityError                bytes or structure do not match what was written
 │   ├── IncompatibleStateError        built under another fingerprint
@@ -39,6 +40,7 @@ __all__ = [
     "SignatureError",
     "SourceError",
     "StateError",
+    "StorageError",
 ]
 
 
@@ -122,3 +124,10 @@ class BackendError(KVGraftError, RuntimeError):
 
 class EngineClosedError(KVGraftError):
     """A call on a `GraftEngine` after `close`."""
+
+
+class StorageError(LibraryError, OSError):
+    """Reading or writing a library URL failed: the endpoint is unreachable, the credentials are refused, or
+    the storage backend raised. The message is one line naming the object; the backend's error is its cause.
+
+    An `OSError` too, so that a state that cannot be fetched falls back like one that cannot be read."""

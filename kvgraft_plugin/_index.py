@@ -3,11 +3,18 @@
 What gets embedded is the entry's **problem** text only: a query is a problem statement, and the
 solution text would pull a query towards entries that merely use similar steps. Embeddings are
 L2-normalised, so inner product is cosine similarity.
+
+Every row is bound to its entry before the index is used: the manifest records the index file's sha256,
+``rows_sha256`` (the file's sha256 and the entry id of each row, in row order: two swapped ids would route a
+query to the other entry at score 1.0) and ``problems`` (the problem text each row was embedded from, which
+must still be its entry's). Any mismatch raises `IndexMismatchError`. The manifest is signed when a key is
+used, so a signature covers all three.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -17,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ._exceptions import ConfigError, IndexMismatchError, LibraryError
+from ._exceptions import ConfigError, IndexMismatchError, IntegrityError, LibraryError
 from ._models import bundled_embedder_path, file_sha256
-from ._state import atomic_write
+from ._state import atomic_write, read_file
 
 if TYPE_CHECKING:
     from ._library import Library
@@ -31,6 +38,13 @@ logger = logging.getLogger(__name__)
 IndexKind = Literal["flat", "hnsw"]
 INDEX_FILE = "index.faiss"
 _INDEX_NAME = re.compile(r"index(?:-[0-9a-f]{16})?\.faiss")
+
+
+def rows_sha256(file_sha256: str, ids: list[str]) -> str:
+    """The digest that binds an index file's rows to their entry ids: sha256 of the file's sha256 and the ids
+    in row order."""
+    payload = json.dumps({"sha256": file_sha256, "ids": list(ids)}, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 def stale_index_files(folder: Path, keep: set[str]) -> list[Path]:
@@ -137,7 +151,7 @@ class VectorIndex:
         return np.asarray(self._index.reconstruct_n(0, len(self.ids)), dtype=np.float32)
 
     def save(self, folder: Path) -> dict[str, Any]:
-        """Write ``index.faiss`` atomically; return its manifest record (kind, file, sha256, ids)."""
+        """Write ``index.faiss`` atomically; return its manifest record (kind, file, sha256, ids, rows_sha256)."""
         import faiss
 
         data = faiss.serialize_index(self._index).tobytes()
@@ -145,23 +159,41 @@ class VectorIndex:
         # named by its content: a reader holding the previous manifest still finds the previous index
         name = f"index-{sha256[:16]}.faiss"
         atomic_write(folder / name, data)
-        return {"kind": self.kind, "file": name, "sha256": sha256, "ids": list(self.ids)}
+        ids = list(self.ids)
+        return {"kind": self.kind, "file": name, "sha256": sha256, "ids": ids, "rows_sha256": rows_sha256(sha256, ids)}
 
     @classmethod
-    def load(cls, folder: Path, record: dict[str, Any], dim: int) -> VectorIndex:
-        """Read the index and check it against its manifest record; raise `LibraryError` if it differs."""
+    def load(cls, folder: Path, record: dict[str, Any], dim: int, *, location: str | None = None) -> VectorIndex:
+        """Read the index and check it against its manifest record; raise `LibraryError` if it differs, and
+        `IndexMismatchError` if its rows are not bound to the record's ids (``rows_sha256``, when the record
+        has one). ``location`` names the library in messages (default: ``folder``)."""
         import faiss
 
+        where = location or str(folder)
         name = record.get("file", INDEX_FILE)
         if not isinstance(name, str) or not _INDEX_NAME.fullmatch(name):
             raise LibraryError(f"index file name {name!r} is not a file of the library")
         path = folder / name
         try:
-            data = path.read_bytes()
+            data = bytes(read_file(path))
+        except IntegrityError as exc:  # a symlink or a special file: refused unread
+            raise LibraryError(f"index file {name} of {where} is refused: {exc}") from exc
+        except FileNotFoundError as exc:
+            raise LibraryError(
+                f"the index file {name} that the manifest names is missing from {where}; rebuild it: "
+                f"kvgraft build SOURCE --library {where}"
+                + ("" if "://" in where else f" (or kvgraft verify --repair --library {where})")
+            ) from exc
         except OSError as exc:
-            raise LibraryError(f"index file {path} is missing") from exc
-        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            raise LibraryError(f"index file {name} of {where} cannot be read: {exc.strerror or exc}") from exc
+        sha256 = hashlib.sha256(data).hexdigest()
+        if sha256 != record.get("sha256"):
             raise LibraryError(f"index file {path} does not match its sha256 in the manifest")
+        if "rows_sha256" in record and record["rows_sha256"] != rows_sha256(sha256, record.get("ids", [])):
+            raise IndexMismatchError(
+                f"an index row is not its entry: the manifest of {where} lists other ids than the index rows "
+                f"were built for (rows_sha256 differs); rebuild the index: kvgraft build SOURCE --library {where}"
+            )
         try:
             raw = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
         except RuntimeError as exc:
@@ -200,9 +232,11 @@ def geometry_threshold(index: VectorIndex) -> float:
 
 
 def open_index(library: Library, embedder: Embedder) -> VectorIndex:
-    """Load ``library``'s index after checking it was built by ``embedder``.
+    """Load ``library``'s index after checking it was built by ``embedder`` and that each row is its entry's.
 
-    A different embedder would silently route queries to wrong entries, so it is refused.
+    A different embedder, rows bound to other ids, or a row embedded from another problem than its entry's
+    would silently route queries to wrong entries, so each is refused with `IndexMismatchError`. An index
+    from before ``rows_sha256`` is used as it is, with a warning.
     """
     stored, current = library.embedder, embedder.identity
     if stored and (stored.get("dim") != current["dim"] or stored.get("files_sha256") != current["files_sha256"]):
@@ -210,4 +244,23 @@ def open_index(library: Library, embedder: Embedder) -> VectorIndex:
             f"the library was indexed with embedder {stored.get('name')!r}; "
             f"{current['name']!r} would route to wrong entries (rebuild with --embedder)"
         )
-    return VectorIndex.load(library.path, library.index, current["dim"])
+    where = library.location
+    index = VectorIndex.load(library.path, library.index, current["dim"], location=where)
+    if "rows_sha256" not in library.index:
+        logger.warning(
+            "the index of %s has no digest binding its rows to their entries (built by an older kvgraft): "
+            "swapped rows would go unnoticed until kvgraft verify; run kvgraft build SOURCE --library %s "
+            "to record one",
+            where,
+            where,
+        )
+    problems = library.index.get("problems")
+    if isinstance(problems, dict):
+        for row, entry_id in enumerate(index.ids):
+            record = library.entries.get(entry_id)
+            if record is not None and problems.get(entry_id) != record.entry.problem:
+                raise IndexMismatchError(
+                    f"an index row is not its entry: row {row} ({entry_id!r}) was embedded from another "
+                    f"problem than the entry's; rebuild the index: kvgraft build SOURCE --library {where}"
+                )
+    return index

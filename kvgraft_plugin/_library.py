@@ -40,7 +40,7 @@ from ._exceptions import (
     LibraryError,
     SourceError,
 )
-from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
+from ._state import SavedState, atomic_write, check_fingerprint, decode_state, is_regular_file, read_file
 from ._store import DEFAULT_REMOTE_CACHE_BYTES, RemoteLibrary, is_url
 from ._template import FORMATS, TEMPLATES, AnswerFormat, Entry, TemplateKind
 
@@ -175,6 +175,8 @@ def _index_record(record: Any) -> dict[str, Any]:
         raise ValueError(f"index kind must be 'flat' or 'hnsw', got {record.get('kind')!r}")
     for name in ("file", "sha256"):
         _typed(record.get(name), str, f"index {name}")
+    if "rows_sha256" in record:  # absent in an index from before it (`_index.open_index` warns)
+        _typed(record["rows_sha256"], str, "index rows_sha256")
     ids = record.get("ids")
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise ValueError("index ids must be a list of strings")
@@ -228,12 +230,17 @@ MAX_ID_CHARS = 256
 
 def check_id(entry_id: Any) -> str:
     """An entry id: a string of 1 to `MAX_ID_CHARS` characters, not only whitespace, valid UTF-8, without
-    control characters (a newline or an escape sequence in an id would forge lines in logs and tables)."""
+    control characters (a newline or an escape sequence in an id would forge lines in logs and tables) nor
+    format characters (Unicode category Cf: a bidirectional override such as U+202E, a zero-width space or
+    joiner, a BOM would make one id display as another)."""
     check_text(entry_id, "id")
     if len(entry_id) > MAX_ID_CHARS:
         raise ValueError(f"'id' must be at most {MAX_ID_CHARS} characters, got {len(entry_id)}")
-    if any(unicodedata.category(c) == "Cc" for c in entry_id):
-        raise ValueError(f"'id' must not contain control characters, got {entry_id!r}")
+    if any(unicodedata.category(c) in ("Cc", "Cf") for c in entry_id):
+        raise ValueError(
+            f"'id' must not contain control characters or format characters (bidirectional overrides, "
+            f"zero-width characters), got {ascii(entry_id)}"
+        )
     return entry_id
 
 
@@ -424,6 +431,7 @@ class Library:
             remote = RemoteLibrary(str(path), cache_dir=cache_dir)
             library = cls._open_folder(remote.mirror, None) if remote.pull() else cls(remote.mirror)
             library.remote = remote
+            library._warn_unrouted()
             return library
         return cls.open(path) if (Path(path) / MANIFEST).is_file() else cls.create(path)
 
@@ -449,7 +457,29 @@ class Library:
                 raise LibraryError(f"{path} is not a kvgraft library (no {MANIFEST}); run `kvgraft build`")
         library = cls._open_folder(remote.mirror if remote is not None else Path(path), key)
         library.remote = remote
+        library._warn_unrouted()
         return library
+
+    def _warn_unrouted(self) -> None:
+        """Warn, naming them, about entries the index lacks and index rows that name no entry: an id renamed
+        in the manifest without a rebuild would otherwise drop out of routing silently."""
+        if not self.trusted or not self.index:
+            return
+        indexed = set(self.index.get("ids", []))
+        for ids, what in (
+            (sorted(set(self.entries) - indexed), "not in its index, so not routed"),
+            (sorted(indexed - set(self.entries)), "in its index but not among its entries (renamed or removed?)"),
+        ):
+            if ids:
+                shown = ", ".join(repr(i) for i in ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+                logger.warning(
+                    "library %s: %s %s %s; rebuild the index: kvgraft build SOURCE --library %s",
+                    self.location,
+                    "entries" if len(ids) > 1 else "entry",
+                    shown,
+                    ("are " if len(ids) > 1 else "is ") + what,
+                    self.location,
+                )
 
     @classmethod
     def _open_folder(cls, path: Path, key: bytes | None) -> Library:
@@ -470,6 +500,9 @@ class Library:
             if data.get("format") != MANIFEST_FORMAT:
                 raise LibraryError(f"manifest format {data.get('format')!r}, expected {MANIFEST_FORMAT}")
             entries = {k: EntryRecord.from_json(v) for k, v in data["entries"].items()}
+            for k, record in entries.items():  # a record under another entry's key would be served for it
+                if k != record.id:
+                    raise ValueError(f"entry {k!r} holds the record of entry {record.id!r}")
             library = cls(
                 path,
                 model=dict(data.get("model", {})),
@@ -549,8 +582,9 @@ class Library:
             self.remote.delete(rel)
 
     def has_state(self, record: EntryRecord) -> bool:
-        """Whether ``record``'s state file exists (in the folder, or at the URL)."""
-        if (self.path / record.state_file).is_file():
+        """Whether ``record``'s state file exists (in the folder, or at the URL); a symlink or a special file
+        in its place does not count, so that a build replaces it."""
+        if is_regular_file(self.path / record.state_file):
             return True
         return self.remote is not None and self.remote.exists(record.state_file)
 

@@ -15,9 +15,11 @@ valid one without changing the manifest, which a signature covers. No pickle any
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -35,6 +37,7 @@ __all__ = [
     "check_fingerprint",
     "decode_state",
     "encode_state",
+    "is_regular_file",
     "read_file",
 ]
 
@@ -161,10 +164,27 @@ def check_fingerprint(saved: Mapping[str, Any], runtime: Mapping[str, Any]) -> N
         )
 
 
+#: How a library file is opened: never through a symlink, and without blocking on a FIFO.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
 def read_file(path: Path) -> bytearray:
-    """Read a whole file with one ``readinto`` into a writable buffer."""
-    with path.open("rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+    """Read a whole regular file with one ``readinto`` into a writable buffer.
+
+    A symlink or anything but a regular file (a FIFO, a device, a folder) is refused with `IntegrityError`
+    before it is opened: a library's files are its own, and a link could make it read a file outside it,
+    or a FIFO block the reader. A missing file raises `FileNotFoundError`."""
+    _check_regular(path, os.lstat(path).st_mode)
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a symlink since the lstat
+            raise IntegrityError(f"{path.name} is a symlink: a library's files must be its own") from exc
+        raise
+    with open(fd, "rb", buffering=0) as f:
+        info = os.fstat(f.fileno())
+        _check_regular(path, info.st_mode)  # what was opened, not what the lstat saw
+        size = info.st_size
         buf = bytearray(size)
         view = memoryview(buf)
         got = 0
@@ -174,6 +194,21 @@ def read_file(path: Path) -> bytearray:
                 raise IntegrityError(f"{path.name} shrank while being read")
             got += n
     return buf
+
+
+def is_regular_file(path: Path) -> bool:
+    """True for a regular file, not through a symlink (`Path.is_file` follows one)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    if stat.S_ISLNK(mode):
+        raise IntegrityError(f"{path.name} is a symlink: a library's files must be its own")
+    if not stat.S_ISREG(mode):
+        raise IntegrityError(f"{path.name} is not a regular file")
 
 
 def _umask() -> int:

@@ -15,7 +15,9 @@ half-written one. A killed build leaves the last manifest it uploaded, which nam
 and a rerun resumes from it.
 
 Credentials and endpoints come from the usual environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-...), read by fsspec's backends, never by kvgraft.
+...), read by fsspec's backends, never by kvgraft. Whatever a backend raises (botocore's
+``EndpointConnectionError``, an aiohttp error, a refused credential) becomes a one-line `StorageError` naming
+the object, with the backend's error as its cause.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import ConfigError, LibraryError
-from ._state import atomic_write
+from ._exceptions import ConfigError, StorageError
+from ._state import atomic_write, is_regular_file
 
 __all__ = ["DEFAULT_REMOTE_CACHE_BYTES", "RemoteLibrary", "default_cache_dir", "is_url"]
 
@@ -64,6 +66,8 @@ class RemoteLibrary:
             self.fs, self.root = url_to_fs(self.url)
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"cannot open {self.url}: {exc}") from exc
+        except Exception as exc:  # a backend's own error (credentials, configuration): one line, chained
+            raise self._error("open", "", exc) from exc
         digest = hashlib.sha256(self.url.encode("utf-8")).hexdigest()[:20]
         self.mirror = Path(cache_dir or default_cache_dir()) / digest
         """The local folder that stands for the URL."""
@@ -72,18 +76,33 @@ class RemoteLibrary:
     def _key(self, rel: str) -> str:
         return f"{self.root}/{rel}"
 
+    def _error(self, action: str, rel: str, exc: BaseException) -> StorageError:
+        """``exc`` from the storage backend as one line that names the object (chain it with ``from``)."""
+        detail = " ".join(str(exc).split()) or "no detail"
+        where = f"{self.url}/{rel}" if rel else self.url
+        return StorageError(
+            f"cannot {action} {where}: {type(exc).__name__}: {detail} "
+            "(check the URL, the endpoint such as AWS_ENDPOINT_URL, and the credentials)"
+        )
+
     def _get(self, rel: str) -> bytes | None:
         try:
             return bytes(self.fs.cat_file(self._key(rel)))
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise LibraryError(f"cannot read {self.url}/{rel}: {exc}") from exc
+        except Exception as exc:  # backends raise their own network errors, not only OSError
+            raise self._error("read", rel, exc) from exc
 
     def pull(self) -> bool:
-        """Refresh the mirror's manifest, signature and index from the URL; False when there is no manifest."""
+        """Refresh the mirror's manifest, signature and index from the URL; False when there is no manifest.
+
+        An index that the manifest names and the URL lacks is not fetched: it is reported, with what to do,
+        when routing loads it (`kvgraft_plugin._index.VectorIndex.load`), and plain decoding still works."""
         self.mirror.mkdir(parents=True, exist_ok=True)
-        self.fs.invalidate_cache()  # fsspec may have listed the URL before another writer changed it
+        try:
+            self.fs.invalidate_cache()  # fsspec may have listed the URL before another writer changed it
+        except Exception as exc:
+            raise self._error("list", "", exc) from exc
         for name in ("manifest.json", "manifest.sig"):
             data = self._get(name)
             if data is None:
@@ -93,8 +112,17 @@ class RemoteLibrary:
         if not (self.mirror / "manifest.json").is_file():
             return False
         index = _index_file(self.mirror / "manifest.json")
-        if index is not None and not (self.mirror / index).is_file():
-            self.fetch(index)
+        if index is not None and not is_regular_file(self.mirror / index):
+            try:
+                self.fetch(index)
+            except FileNotFoundError:  # said once, with what to do, when routing loads it
+                logger.info(
+                    "%s names the index %s, which is not there: it cannot route until the index is rebuilt "
+                    "(kvgraft build SOURCE --library %s)",
+                    self.url,
+                    index,
+                    self.url,
+                )
         return True
 
     def fetch(self, rel: str) -> None:
@@ -108,7 +136,7 @@ class RemoteLibrary:
     def ensure(self, rel: str) -> None:
         """Have the state file ``rel`` in the mirror: fetch it if absent, then keep the mirror in budget."""
         local = self.mirror / rel
-        if local.is_file():
+        if is_regular_file(local):  # a symlink or a special file is fetched over, never followed
             os.utime(local)  # most recently used
             return
         self.fetch(rel)
@@ -116,22 +144,30 @@ class RemoteLibrary:
 
     def evict(self, *, keep: Path | None = None) -> None:
         """Delete the least recently used states until the mirror's states fit the budget."""
-        files = sorted((self.mirror / "states").glob("*.kvg"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
+        # lstat: a link (dangling or not) in the mirror is measured and removed, never followed
+        files = sorted((self.mirror / "states").glob("*.kvg"), key=lambda p: p.lstat().st_mtime)
+        total = sum(p.lstat().st_size for p in files)
         for path in files:
             if total <= self.budget_bytes:
                 break
             if path != keep:
-                total -= path.stat().st_size
+                total -= path.lstat().st_size
                 path.unlink(missing_ok=True)
 
     def exists(self, rel: str) -> bool:
         """Whether the URL holds ``rel``."""
-        return bool(self.fs.exists(self._key(rel)))
+        try:
+            return bool(self.fs.exists(self._key(rel)))
+        except Exception as exc:
+            raise self._error("look up", rel, exc) from exc
 
     def upload(self, rel: str) -> None:
         """Copy the mirror's ``rel`` to the URL (one object write: readers see the old or the new bytes)."""
-        self.fs.pipe_file(self._key(rel), (self.mirror / rel).read_bytes())
+        data = (self.mirror / rel).read_bytes()
+        try:
+            self.fs.pipe_file(self._key(rel), data)
+        except Exception as exc:
+            raise self._error("write", rel, exc) from exc
 
     def delete(self, rel: str) -> None:
         """Remove ``rel`` from the URL and the mirror, if there."""
@@ -140,6 +176,8 @@ class RemoteLibrary:
             self.fs.rm_file(self._key(rel))
         except FileNotFoundError:
             pass
+        except Exception as exc:
+            raise self._error("delete", rel, exc) from exc
 
 
 def _index_file(manifest: Path) -> str | None:

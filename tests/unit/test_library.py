@@ -139,3 +139,14 @@ def test_empty_long_or_non_text_ids_are_refused(entry_id):
 
     with pytest.raises(ValueError, match="'id'"):
         parse_entry({"id": entry_id, "problem": "p", "solution": "s"})
+
+
+@pytest.mark.parametrize(
+    "entry_id",
+    ["\u202eevil", "a\u200bb", "a\u200eb", "a\u200fb", "a\u202ab", "a\u2066b", "a\u2069b", "\ufeffid", "a\u00adb"],
+)
+def test_ids_with_display_spoofing_format_characters_are_refused(entry_id):
+    from kvgraft_plugin._library import parse_entry
+
+    with pytest.raises(ValueError, match="'id' must not contain control characters or format characters"):
+        parse_entry({"id": entry_id, "problem": "p", "solution": "s"})
