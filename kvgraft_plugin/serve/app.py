@@ -4,6 +4,11 @@ Requests run on the engine's worker one at a time, in arrival order; at most ``m
 running one, and the next gets a 503. A streaming client that disconnects cancels its request at the next
 token. Every answer carries a ``kvgraft`` object (route, entry, score, fallback reason, restored tokens,
 TTFT) and OpenAI ``usage`` with the restored tokens as cached prompt tokens.
+
+Every error, the framework's own included (a body that is not JSON or nested too deep, a wrong method, an
+unknown path, a crash), has OpenAI's body ``{"error": {"message", "type", "param", "code"}}``; a request
+that fails validation is a 400, not FastAPI's 422. ``/metrics`` counts every response by status and reason
+(see `Metrics`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._engine import GraftChunk, GraftEngine, GraftResult
 from .._exceptions import ContextOverflowError, EngineClosedError, KVGraftError, QueryError
@@ -41,6 +48,10 @@ logger = logging.getLogger(__name__)
 MODEL_ID = "kvgraft"
 
 _FINISH = {"stop": "stop", "eog": "stop", "length": "length", "cancelled": "stop"}
+#: The ``request.state`` attribute an error response leaves its reason in, for `_CountResponses`.
+_REASON = "kvgraft_reason"
+#: OpenAI error codes of the framework's own HTTP errors.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 class ApiError(Exception):
@@ -52,7 +63,16 @@ class ApiError(Exception):
 
 
 class Metrics:
-    """The Prometheus metrics, on a registry of their own (every name starts with ``kvgraft_``)."""
+    """The Prometheus metrics, on a registry of their own (every name starts with ``kvgraft_``).
+
+    ``kvgraft_responses_total{status,reason}`` counts every HTTP response the app sends, whatever its path:
+    ``/health`` and ``/metrics`` included (a scrape shows in the next one, not in itself), so its sum is the
+    number of requests answered. ``reason`` is ``ok`` for a success, else the error body's ``code`` or,
+    where it has none, its ``type`` (``invalid_request_error`` for a request that failed validation,
+    ``internal_error`` for a crash). A request whose client left before any response is not counted.
+    ``kvgraft_requests_total`` counts the completions answered by route, ``kvgraft_rejected_total`` the
+    401s and 503s, as before.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -65,6 +85,13 @@ class Metrics:
         self.ttft = Histogram("kvgraft_ttft_seconds", "Time to first token", buckets=buckets, registry=r)
         self.latency = Histogram("kvgraft_request_seconds", "Time to the last token", buckets=buckets, registry=r)
         self.queue = Gauge("kvgraft_queue_depth", "Requests running or waiting for the engine", registry=r)
+        self.responses = Counter(
+            "kvgraft_responses", "Every HTTP response, by status and reason", ["status", "reason"], registry=r
+        )
+
+    def responded(self, status: int, reason: str) -> None:
+        """Count one HTTP response."""
+        self.responses.labels(str(status), reason).inc()
 
     def answered(self, result: GraftResult) -> None:
         reason = (result.fallback_reason or "none").split(":", 1)[0]
@@ -76,6 +103,59 @@ class Metrics:
         self.tokens.labels("accepted").inc(result.accepted_tokens)
         self.ttft.observe(result.ttft_ms / 1000)
         self.latency.observe(result.total_ms / 1000)
+
+
+class _CountResponses:
+    """ASGI middleware counting every HTTP response in ``kvgraft_responses_total`` (see `Metrics`).
+
+    It sits inside Starlette's ``ServerErrorMiddleware``: an exception that reaches it before any response
+    started is counted as the 500 that middleware answers it with."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})  # what ``request.state`` writes to, downstream too
+        started = False
+
+        async def counted(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                status = int(message["status"])
+                self.metrics.responded(status, state.get(_REASON) or ("ok" if status < 400 else "error"))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:
+            if not started:
+                self.metrics.responded(500, "internal_error")
+            raise
+
+
+def _error_response(
+    request: Request,
+    status: int,
+    message: str,
+    kind: str,
+    code: str | None = None,
+    *,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """An error in OpenAI's shape; its code (or else its type) is the reason `_CountResponses` counts."""
+    setattr(request.state, _REASON, code or kind)
+    return JSONResponse(error_body(message, kind, code, param=param), status_code=status, headers=headers)
+
+
+def _validation_problem(error: Any) -> str:
+    if error.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {error.get('ctx', {}).get('error', error['msg'])}"
+    return f"{'.'.join(map(str, error['loc'][1:])) or 'body'}: {error['msg']}"
 
 
 class _Slots:
@@ -112,14 +192,42 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
             metrics.rejected.labels("unauthorized").inc()
             raise ApiError(401, "missing or wrong API key", "invalid_request_error", "invalid_api_key")
 
+    app.add_middleware(_CountResponses, metrics=metrics)
+
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.kind, exc.code), status_code=exc.status)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(request, exc.status, exc.message, exc.kind, exc.code)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
-        return JSONResponse(error_body(problems or "invalid request", "invalid_request_error"), status_code=400)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        problems = "; ".join(_validation_problem(e) for e in errors)
+        first = errors[0] if errors else {}
+        param = None if first.get("type") == "json_invalid" else ".".join(map(str, first.get("loc", ())[1:]))
+        return _error_response(
+            request, 400, problems or "invalid request", "invalid_request_error", param=param or None
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The framework's own errors: an unknown path, a wrong method, a body it cannot parse."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"no such path: {where}"
+        elif exc.status_code == 405:
+            message = f"method not allowed: {where} (allowed: {(exc.headers or {}).get('Allow', 'none')})"
+        else:  # e.g. a JSON body nested too deep to parse (a RecursionError)
+            message = str(exc.detail) + (f": {exc.__cause__}" if exc.__cause__ is not None else "")
+        kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+        code = _HTTP_CODES.get(exc.status_code)
+        return _error_response(request, exc.status_code, message, kind, code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        """Anything else: a 500 that tells nothing of the internals. Starlette then raises the error again for
+        uvicorn to log, and uvicorn closes the connection: ``Connection: close`` says so to the client."""
+        message = "the server had an error while processing the request"
+        return _error_response(request, 500, message, "server_error", "internal_error", headers={"Connection": "close"})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

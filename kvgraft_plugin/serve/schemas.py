@@ -4,11 +4,15 @@ A field OpenAI defines but kvgraft cannot honour is refused with a 400 when it a
 than the default (``n=2``, ``logprobs=true``, tools), never silently dropped. Sampling follows OpenAI's
 fields (``temperature``, ``top_p``, the penalties, ``seed``, ``response_format`` with ``json_object`` or
 ``json_schema``) plus llama.cpp server's ``top_k``, ``min_p`` and ``repeat_penalty``.
+
+Numbers are typed as in OpenAI's API: an integer field takes a JSON integer only (not ``true``, ``"4"`` or
+``4.0``), a number field an integer or a float (not a boolean, a string, ``NaN`` or ``Infinity``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import reprlib
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -35,21 +39,31 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 #: Fields that change nothing here and are accepted as they come.
 _IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "stream_options"}
 
+#: A JSON integer: never a boolean (``true`` is not 1), a string or a fraction.
+_Integer = Annotated[int, Field(strict=True)]
+#: A JSON number, integer or float: never a boolean, a string, ``NaN`` or ``Infinity``.
+_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``defaults``, of the same type too (``True == 1`` but ``n: true`` is no default)."""
+    return any(type(value) is type(default) and value == default for default in defaults)
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1, le=32768)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repeat_penalty: float | None = Field(default=None, gt=0)
-    seed: int | None = None
+    max_tokens: _Integer | None = Field(default=None, ge=1, le=32768)
+    max_completion_tokens: _Integer | None = Field(default=None, ge=1, le=32768)
+    temperature: _Number | None = Field(default=None, ge=0, le=2)
+    top_p: _Number | None = Field(default=None, gt=0, le=1)
+    top_k: _Integer | None = Field(default=None, ge=0)
+    min_p: _Number | None = Field(default=None, ge=0, le=1)
+    presence_penalty: _Number | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: _Number | None = Field(default=None, ge=-2, le=2)
+    repeat_penalty: _Number | None = Field(default=None, gt=0)
+    seed: _Integer | None = None
     response_format: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -62,8 +76,9 @@ class _Request(BaseModel):
                 continue
             if name not in _DEFAULT_ONLY:
                 raise ValueError(f"unsupported parameter {name!r}")
-            if value not in _DEFAULT_ONLY[name]:
-                raise ValueError(f"unsupported value for {name!r}: {value!r} (kvgraft supports only the default)")
+            if not _is_default(value, _DEFAULT_ONLY[name]):
+                shown = reprlib.repr(value)  # bounded: the value may be huge or deeply nested
+                raise ValueError(f"unsupported value for {name!r}: {shown} (kvgraft supports only the default)")
         return self
 
     _sampling: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -93,7 +108,10 @@ class _Request(BaseModel):
             return {"grammar": json_grammar()}
         schema = (self.response_format or {}).get("json_schema", {}).get("schema")
         if kind == "json_schema" and isinstance(schema, dict):
-            return {"grammar": json_schema_grammar(schema)}
+            try:
+                return {"grammar": json_schema_grammar(schema)}
+            except RecursionError:
+                raise ValueError("response_format.json_schema.schema is nested too deeply") from None
         raise ValueError("response_format must be text, json_object, or json_schema with a json_schema.schema object")
 
     @field_validator("stop")
@@ -183,6 +201,6 @@ def usage(result: GraftResult) -> dict[str, Any]:
     }
 
 
-def error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
-    """An OpenAI-style error body."""
-    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+def error_body(message: str, kind: str, code: str | None = None, *, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body; ``param`` names the request field at fault, where there is one."""
+    return {"error": {"message": message, "type": kind, "code": code, "param": param}}
