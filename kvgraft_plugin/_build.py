@@ -5,6 +5,9 @@ interrupted build leaves a usable library holding every completed entry, and rer
 Each state is verified bitwise when it is built: the entry's own problem is fed as a probe after the
 original prefill and after a restore, and the two logit vectors must be equal. A state that fails is
 kept but flagged ``inexact``, and the engine never grafts it.
+
+An entry's ``tests`` are Python code from the source's author: they run (contained, see
+`kvgraft_plugin._sandbox.run_tests`) only when the build is asked to (``run_tests=True``, ``--run-tests``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ class BuildReport:
     inexact: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
     """Entries with nothing to check their solution against (no ``answer``, no ``tests``): built, unverified."""
+    tests_run: bool = False
+    """Whether the entries' ``tests`` were run (``run_tests=True``)."""
+    tested: list[str] = field(default_factory=list)
+    """Entries whose tests ran (pass or fail)."""
+    untested: list[str] = field(default_factory=list)
+    """Entries with tests that were not run (``run_tests=False``): their solutions were not checked by them."""
 
 
 def capture_entry(engine: GraftEngine, entry: Entry) -> tuple[list[int], bytearray, float]:
@@ -78,6 +87,7 @@ def build_library(
     progress: Callable[[int], Any] | None = None,
     cache_dir: str | Path | None = None,
     builder: EntryBuilder | None = None,
+    run_tests: bool = False,
 ) -> BuildReport:
     """Build or update the library at ``library_dir`` (a folder or an fsspec URL, mirrored under
     ``cache_dir``) from ``source`` with ``engine``'s model.
@@ -87,11 +97,16 @@ def build_library(
     state is durable (uploaded, for a URL) before the manifest that names it is written. ``builder``
     builds the entries elsewhere (`EntryBuilder`; its states must carry ``engine``'s fingerprint); this
     process still writes every file and the manifest, one entry at a time as results arrive.
+
+    ``run_tests`` runs each entry's ``tests`` (Python code from the source, run contained) to verify it; off by
+    default, since the source may not be yours. The report says which entries were tested or left untested.
     """
     check_threshold(threshold)
-    report = BuildReport()
+    report = BuildReport(tests_run=run_tests)
     for entry in source:
-        problems = entry_problems(entry) + _fit_problems(engine, entry)
+        problems = entry_problems(entry, with_tests=run_tests) + _fit_problems(engine, entry)
+        if entry.tests is not None:
+            (report.tested if run_tests else report.untested).append(entry.id)
         if problems:
             report.invalid[entry.id] = problems
     if report.invalid and not skip_invalid:
@@ -103,6 +118,12 @@ def build_library(
             "%d entries have neither an answer nor tests to verify their solution: %s",
             len(report.unverified),
             ", ".join(report.unverified[:5]) + (" ..." if len(report.unverified) > 5 else ""),
+        )
+    if report.untested:
+        logger.warning(
+            "%d entries' tests were not run (run_tests=False; a source's tests are code): %s",
+            len(report.untested),
+            ", ".join(report.untested[:5]) + (" ..." if len(report.untested) > 5 else ""),
         )
     for entry_id, problems in report.invalid.items():
         logger.warning("skipping invalid entry %s: %s", entry_id, "; ".join(problems))

@@ -1,8 +1,8 @@
 """Answer extraction and checking, shared by `build` (entry verification), `bench` and `curate`.
 
-Code is checked by running tests: `run_tests` executes a program in a fresh interpreter (``python -I``)
-in a temporary directory with a time limit; `tests_checker` (``--checker tests``) runs the expected
-entry's tests against the produced code under the function name the query asks for.
+Code is checked by running tests: `run_tests` (`kvgraft_plugin._sandbox`) executes a program in a fresh,
+contained interpreter, the standard library only, because a source's tests are code; `tests_checker` (``--checker tests``) runs the expected entry's tests against the produced code under the
+function name the query asks for.
 
 Code is taken out of an instruct model's answer first (`extract_code`): a fenced block, else the asked
 function's last ``def``.
@@ -16,13 +16,11 @@ parse as numbers and are equal (so ``"391"`` matches ``"391.0"``).
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._config import import_callable
+from ._sandbox import run_tests
 from ._template import Entry
 
 if TYPE_CHECKING:
@@ -41,9 +39,10 @@ __all__ = [
     "tests_checker",
 ]
 
-#: Seconds a test program may run.
-TEST_TIMEOUT = 10.0
 _DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+#: Code that stands on its own (a function or module written out), not a body continuing a prompt: it starts
+#: at the first column, so an indented body that starts with ``import`` is still a body.
+_COMPLETE = re.compile(r"\n*(def|async def|import|from|class|@)\b")
 #: A fenced Markdown code block; the closing fence may be missing at the end of the text (a cut answer).
 _FENCED = re.compile(r"^[ \t]*```[\w+-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.MULTILINE | re.DOTALL)
 
@@ -107,22 +106,6 @@ def library_tests_checker(library: Library | None) -> Checker:
     return tests_checker(tests_for)
 
 
-def run_tests(program: str, *, timeout: float = TEST_TIMEOUT) -> str | None:
-    """Run ``program`` in a fresh, isolated interpreter in a temporary directory: ``None`` when it exits
-    cleanly, else why not (the last line of its error, or the time limit)."""
-    with tempfile.TemporaryDirectory(prefix="kvgraft-tests-") as work:
-        try:
-            done = subprocess.run(
-                [sys.executable, "-I", "-c", program], cwd=work, capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            return f"tests ran past {timeout:g} s"
-    if done.returncode == 0:
-        return None
-    lines = done.stderr.strip().splitlines()
-    return lines[-1] if lines else f"exit status {done.returncode}"
-
-
 def extract_code(text: str, name: str | None = None) -> str:
     """The code in a model's answer, as instruct models write it: the last fenced block (```` ``` ````) that
     defines ``name`` (else the last fenced block); without a fence, the last complete ``def name(`` and
@@ -132,7 +115,7 @@ def extract_code(text: str, name: str | None = None) -> str:
         defining = [b for b in blocks if name and re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", b, re.M)]
         return (defining or blocks)[-1]
     starts = [m.start() for m in _DEF.finditer(text) if name is None or m.group(1) == name]
-    if not starts or re.match(r"\s*(def|import|from|class|@)\b", text):
+    if not starts or _COMPLETE.match(text):
         return text
     lines = text[starts[-1] :].splitlines()
     end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() and not line[0].isspace()), len(lines))
@@ -145,7 +128,7 @@ def code_program(prompt: str, text: str, tests: str, *, tested_name: str | None)
     name."""
     asked = _DEF.search(prompt)
     text = extract_code(text, asked.group(1) if asked else None)
-    complete = re.match(r"\s*(def|import|from|class|@)\b", text) is not None
+    complete = _COMPLETE.match(text) is not None
     code = text if complete else f"{prompt.rstrip()}\n{text}"
     alias = ""
     if tested_name and asked and asked.group(1) != tested_name:
@@ -168,13 +151,14 @@ def tests_checker(tests_for: Callable[[Mapping[str, Any]], tuple[str, str] | Non
     return check
 
 
-def entry_problems(entry: Entry) -> list[str]:
+def entry_problems(entry: Entry, *, with_tests: bool = True) -> list[str]:
     """Why an entry fails verification (empty when it passes or has nothing to check).
 
     The stated answer must appear in the solution, as a whole word or number; ``tests`` must pass when run
-    after the problem and its solution.
+    (contained, `run_tests`) after the problem and its solution. ``with_tests=False`` leaves the tests
+    unrun: they are code from the source's author.
     """
-    if entry.tests is not None:
+    if entry.tests is not None and with_tests:
         failure = run_tests(code_program(entry.problem, entry.solution, entry.tests, tested_name=None))
         if failure is not None:
             return [f"its tests fail: {failure}"]

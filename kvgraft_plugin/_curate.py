@@ -4,6 +4,11 @@ Each problem is sampled up to N times with the plain template (no library), one 
 with `CURATE_SAMPLING` unless told otherwise: top-p and min-p keep the attempts off the vocabulary's tail.
 The first answer the checker accepts against the known answer becomes the entry's solution. A problem
 solved once, at whatever cost, is then answered by a graft every time after.
+
+With ``--checker tests`` (the default for a problem without an answer) each problem's ``tests`` run against
+each attempt: always, since they are the check, and contained (`kvgraft_plugin._checks.run_tests`: a
+temporary folder, no network, no new process, resource limits), since they are code from the problems'
+author.
 """
 
 from __future__ import annotations

@@ -28,17 +28,24 @@ def run_demo(
     config: EngineConfig,
     echo: Callable[[str], Any],
     checker: str | None = None,
+    run_tests: bool = True,
 ) -> dict[str, list[GraftResult]]:
     """Build ``library`` from ``source`` if needed (format ``auto``), answer ``queries`` in every mode, print
-    tables. ``checker`` as for ``kvgraft bench`` (``"tests"`` runs code against its tests)."""
+    tables. ``checker`` as for ``kvgraft bench`` (``"tests"`` runs code against its tests). ``run_tests``
+    verifies the entries by their tests at build (contained; on by default: the demo's sources are the
+    bundled examples or one the user names)."""
     from tqdm import tqdm
 
     entries = read_source(source)
     rows = [json.loads(line) for line in Path(queries).read_text(encoding="utf-8").splitlines() if line.strip()]
     config = config.replace(answer_format=auto_format(entries))
     with GraftEngine(None, config=config) as builder, tqdm(total=len(entries), desc="library", unit="entry") as bar:
-        report = build_library(library, entries, engine=builder, progress=bar.update)
-    echo(f"library {library}: {len(report.built)} built, {len(report.skipped)} reused, {len(report.inexact)} inexact\n")
+        report = build_library(library, entries, engine=builder, progress=bar.update, run_tests=run_tests)
+    tests = f"tests run for {len(report.tested)}" if run_tests else f"tests not run for {len(report.untested)}"
+    echo(
+        f"library {library}: {len(report.built)} built, {len(report.skipped)} reused, {len(report.inexact)} inexact, "
+        f"{tests} entries\n"
+    )
 
     results: dict[str, list[GraftResult]] = {}
     lib = Library.open(library)

@@ -235,6 +235,13 @@ def main(verbose: int) -> None:
 @click.option("--resume", is_flag=True, help="Finish an interrupted build (the default behaviour; kept for clarity).")
 @click.option("--prune", is_flag=True, help="Remove entries that are not in SOURCE.")
 @click.option("--skip-invalid", is_flag=True, help="Skip entries that fail verification instead of failing.")
+@click.option(
+    "--run-tests/--no-run-tests",
+    default=False,
+    show_default=True,
+    help="Run each entry's tests to verify its solution. They are Python code from SOURCE's author, run "
+    "contained (a temporary folder, no network, no new process, resource limits); off unless you ask.",
+)
 @click.option("--index", "index_kind", type=click.Choice(["flat", "hnsw"]), help="faiss index type (default flat).")
 @click.option("--embedder", help="sentence-transformers model name or path (default: bundled MiniLM).")
 @click.option("--threshold", type=float, help="Routing threshold stored in the library.")
@@ -272,6 +279,7 @@ def build(
     resume: bool,
     prune: bool,
     skip_invalid: bool,
+    run_tests: bool,
     index_kind: str | None,
     embedder: str | None,
     threshold: float | None,
@@ -326,11 +334,17 @@ def build(
             progress=bar.update,
             cache_dir=options.get("cache_dir"),
             builder=builder,
+            run_tests=run_tests,
         )
     click.echo(
         f"built {len(report.built)}, unchanged {len(report.skipped)}, removed {len(report.removed)}, "
         f"invalid {len(report.invalid)}, inexact {len(report.inexact)} -> {library} ({answer_format} format, {template} template)"
     )
+    if run_tests:
+        click.echo(f"tests: run for {len(report.tested)} entries")
+    else:
+        some = f" for {len(report.untested)} entries" if report.untested else ""
+        click.echo(f"tests: not run{some} (pass --run-tests to verify them; a source's tests are code)")
     if report.unverified:
         click.echo(
             f"warning: {len(report.unverified)} entries have neither an answer nor tests and were not verified",
@@ -825,6 +839,8 @@ def curate(
     for r in reports:
         click.echo(f"{r.id:<24} {r.attempts:>8} {r.successes:>9} {r.decode_tokens:>10} {'yes' if r.kept else 'no'}")
     click.echo(f"kept {sum(r.kept for r in reports)}/{len(reports)} -> {out}")
+    if (checker or ("tests" if code else None)) == "tests":
+        click.echo(f"tests: run for {sum(1 for row in rows if row.get('tests'))} problems (contained)")
 
 
 @main.command()

@@ -22,10 +22,11 @@ def test_code_library_builds_verified_and_grafts_passing_code(tmp_path, gemma_pa
     lines = (CODE / "library.jsonl").read_text(encoding="utf-8").splitlines()
     src = tmp_path / "code.jsonl"
     src.write_text("\n".join(line for line in lines if json.loads(line)["id"] in TASKS) + "\n", encoding="utf-8")
-    built = run("build", src, "--library", tmp_path / "lib", "--model", gemma_path, "--n-threads", 2)
+    built = run("build", src, "--library", tmp_path / "lib", "--model", gemma_path, "--n-threads", 2, "--run-tests")
     assert built.exit_code == 0 and "built 4" in built.output, built.output
     assert "(solution format, text template)" in built.output
     assert "not verified" not in built.output  # every entry was verified by running its tests
+    assert "tests: run for 4 entries" in built.output
 
     wanted = {"repeat-rle", "repeat-balanced", "reworded-roman", "uncovered-3"}
     queries = [json.loads(q) for q in (CODE / "queries.jsonl").read_text(encoding="utf-8").splitlines()]

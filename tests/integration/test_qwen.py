@@ -93,7 +93,8 @@ def qwen_library(qwen_path, tmp_path_factory):
     source.write_text("".join(json.dumps(e.to_json()) + "\n" for e in (RLE, BOIL)))
     built = CliRunner().invoke(
         main,
-        ["build", str(source), "--library", str(folder), "--model", NAME, "--template", "chat", "--n-threads", "2"],
+        ["build", str(source), "--library", str(folder), "--model", NAME, "--template", "chat", "--n-threads", "2"]
+        + ["--run-tests"],  # RLE's tests are ours: verify it
     )
     assert built.exit_code == 0, built.output
     return folder

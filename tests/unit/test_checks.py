@@ -116,3 +116,12 @@ def test_tests_checker_reads_an_instruct_models_fenced_answer():
     check = tests_checker(lambda q: (problem, "assert run_length_encode('aaab') == 'a3b1'"))
     assert check({"question": problem}, FENCED_ANSWER)
     assert not check({"question": problem}, FENCED_ANSWER.replace('"a3b1"', '"a3"'))
+
+
+def test_a_body_that_starts_with_an_import_continues_its_prompt():
+    from kvgraft_plugin._checks import code_program, run_tests
+
+    prompt = 'def today_iso():\n    """The date 2024-01-01 as ISO text."""'
+    body = "    import datetime\n    return datetime.date(2024, 1, 1).isoformat()"
+    program = code_program(prompt, body, "assert today_iso() == '2024-01-01'", tested_name=None)
+    assert program.startswith(prompt) and run_tests(program) is None

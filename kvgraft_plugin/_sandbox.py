@@ -1,0 +1,609 @@
+"""Running a library source's tests, contained: a source's tests are code from whoever wrote the source.
+
+`run_tests` runs a program in a fresh interpreter in a temporary folder, with resource limits, kernel
+confinement where the platform has it (Landlock, seccomp) and a Python audit hook that names what the tests
+tried; see its docstring for each layer and what it does not contain.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["TEST_FILE_SIZE", "TEST_MEMORY", "TEST_OPEN_FILES", "TEST_TIMEOUT", "run_tests"]
+
+#: Seconds a test program may run (wall clock); it gets one second more of CPU time than that, rounded up.
+TEST_TIMEOUT = 10.0
+#: Bytes of address space a test program may map: allocating more raises ``MemoryError``.
+TEST_MEMORY = 1 << 30
+#: Bytes one file written by a test program may reach.
+TEST_FILE_SIZE = 16 << 20
+#: Files a test program may hold open at once.
+TEST_OPEN_FILES = 256
+
+
+def run_tests(program: str, *, timeout: float = TEST_TIMEOUT) -> str | None:
+    """Run ``program`` contained: ``None`` when it exits cleanly, else why not (the tests' refused action,
+    the last line of its error, or the limit it hit).
+
+    A source's tests are code from whoever wrote the source, so the interpreter (``python -I -S -B``: no
+    environment variables, no site-packages) runs in a temporary folder that is its working directory,
+    ``HOME`` and ``TMPDIR``, with a bare environment, no standard input, and in a session of its own whose
+    whole process group is killed when it ends or runs past ``timeout`` seconds. Before the tests' first line:
+
+    - resource limits: CPU seconds, `TEST_MEMORY` of address space, `TEST_FILE_SIZE` per file,
+      `TEST_OPEN_FILES`, no core file, and on kernels without seccomp no new process (``RLIMIT_NPROC``;
+      root is exempt);
+    - on Linux, where the kernel has them: Landlock (writes only in the folder and ``/dev/null``, no TCP, no
+      signal out of the sandbox) and a seccomp filter (no exec, fork, socket, ptrace, io_uring, mount,
+      module loading, clock setting, signals to other processes);
+    - a Python audit hook that ends the tests at once, with the reason, when they write, remove, rename,
+      link or lock a file outside the folder, start a process, touch the network, load C code (ctypes,
+      sqlite3, ...), signal another process, change their limits or walk the interpreter's objects.
+      Reading files stays allowed, but for another process's ``/proc/PID`` (its environment, its memory).
+
+    The kernel layers are set by a first interpreter through ctypes, which then execs a fresh one for the
+    tests, so that ctypes is never loaded where the tests run. The audit hook is what names the reason; it
+    is not a boundary against code that corrupts the interpreter's memory, which the kernel layers still
+    confine where they are in force.
+    """
+    return _run_contained(program, timeout=timeout).failure
+
+
+@dataclass(frozen=True)
+class _Contained:
+    """How a contained run ended: its failure (``None``: passed) and the layers that were in force."""
+
+    failure: str | None
+    layers: tuple[str, ...]
+
+
+#: The line the audit hook writes to standard error before it ends the tests.
+_REFUSED = "kvgraft-sandbox: "
+#: The line the child writes first: which layers are in force.
+_LAYERS = "kvgraft-sandbox-layers: "
+#: The exit status of tests the audit hook ended.
+_REFUSED_STATUS = 99
+#: The only variables of the user's environment a test program sees: what an interpreter may need to start.
+_PASSED_ENV = ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "TZ")
+
+
+def _run_contained(program: str, *, timeout: float, audit: bool = True) -> _Contained:
+    """`run_tests`, with the layers reported; ``audit=False`` leaves the audit hook out (to test the rest)."""
+    with tempfile.TemporaryDirectory(prefix="kvgraft-tests-", ignore_cleanup_errors=True) as tmp:
+        base = Path(tmp).resolve()
+        work = base / "work"
+        work.mkdir()
+        script, sandbox = base / "tests.py", base / "sandbox.py"  # outside the folder: the tests cannot edit them
+        script.write_text(program, encoding="utf-8")
+        sandbox.write_text(_CHILD, encoding="utf-8")
+        cpu = math.ceil(timeout) + 1
+        limits = [cpu, TEST_MEMORY, TEST_FILE_SIZE, TEST_OPEN_FILES]
+        argv = [sys.executable, "-I", "-S", "-B", str(sandbox), "confine", str(work), str(script), *map(str, limits)]
+        env = {"HOME": str(work), "TMPDIR": str(work), "PATH": os.defpath, "LANG": "C.UTF-8"}
+        env |= {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}  # never the user's tokens or keys
+        with open(base / "stderr", "w+b") as err:
+            child = subprocess.Popen(
+                [*argv, "1" if audit else "0"],
+                cwd=work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+            try:
+                finished = _wait_unreaped(child, timeout)
+            finally:
+                _kill_group(child.pid)  # before reaping: the zombie keeps the group's id from being reused
+                status = child.wait()
+            err.seek(0)
+            head = err.readline(4096).decode("utf-8", "replace")
+            err.seek(max(0, err.seek(0, os.SEEK_END) - 65536))
+            text = err.read().decode("utf-8", "replace")
+    layers = tuple(head[len(_LAYERS) :].split()) if head.startswith(_LAYERS) else ()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(_LAYERS)]
+    return _Contained(_failure(status, lines, finished=finished, timeout=timeout, cpu=cpu), layers)
+
+
+def _failure(status: int, lines: list[str], *, finished: bool, timeout: float, cpu: int) -> str | None:
+    refused = [line[len(_REFUSED) :] for line in lines if line.startswith(_REFUSED)]
+    if refused:
+        return refused[0]
+    if not finished:
+        return f"tests ran past {timeout:g} s"
+    if status == 0:
+        return None
+    last = lines[-1][:300] if lines else ""
+    if status == _REFUSED_STATUS:
+        return last or "tests did something the sandbox refuses"
+    if status < 0:
+        reasons: dict[int, str] = {
+            signal.SIGXCPU: f"tests used more than {cpu} s of CPU",
+            signal.SIGXFSZ: f"tests wrote a file past {TEST_FILE_SIZE >> 20} MiB",
+        }
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return reasons.get(-status, f"tests were killed by {name}") + (f" ({last})" if last else "")
+    if last.startswith("MemoryError"):
+        return f"{last} (tests may map {TEST_MEMORY >> 20} MiB)"
+    return last or f"exit status {status}"
+
+
+def _wait_unreaped(child: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether ``child`` exits within ``timeout`` s, left unreaped (a zombie) where the platform allows."""
+    pid = child.pid
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            pass
+        else:
+            try:
+                poll = select.poll()
+                poll.register(fd, select.POLLIN)
+                return bool(poll.poll(max(0, math.ceil(timeout * 1000))))
+            finally:
+                os.close(fd)
+    if not hasattr(os, "waitid"):
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline, delay = time.monotonic() + timeout, 0.001
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 0.02)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL every process left in the session's group: the tests' and whatever they started."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+#: The child program (``sandbox.py confine FOLDER TESTS CPU_S ADDRESS_SPACE FILE_SIZE OPEN_FILES AUDIT``): stage
+#: one limits and confines the process, stage two (``run``, exec'd fresh) installs the audit hook and runs the
+#: tests. The audit hook takes every name it uses as a default argument, so the tests cannot rebind it.
+_CHILD = r'''
+import sys
+
+
+def _kvgraft_confine(root, script, cpu, memory, fsize, nofile, audit):
+    """Stage one: resource limits, then on Linux Landlock and seccomp (set through ctypes), then exec stage
+    two, a fresh interpreter that never loaded ctypes. Elsewhere stage two runs in this process."""
+    import os
+    import resource
+
+    cpu, memory, fsize, nofile = int(cpu), int(memory), int(fsize), int(nofile)
+    limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory)]
+    limits += [(resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile)]
+    limits += [(resource.RLIMIT_CORE, 0, 0)]
+    for kind, soft, hard in limits:
+        try:
+            resource.setrlimit(kind, (soft, hard))
+        except (ValueError, OSError):
+            pass
+    layers, execve = [], None
+    if sys.platform.startswith("linux"):
+        try:
+            layers, execve = _kvgraft_kernel(root)
+        except Exception:  # no ctypes, an old kernel: the rlimits and the audit hook still stand
+            pass
+    if "seccomp" not in layers and hasattr(resource, "RLIMIT_NPROC"):
+        try:
+            resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no new process or thread (root is exempt)
+        except (ValueError, OSError):
+            pass
+    layers = ["rlimits", *layers]
+    if "ctypes" not in sys.modules:
+        return _kvgraft_run(root, script, audit, layers)
+    argv = [sys.executable, "-I", "-S", "-B", __file__, "run", root, script, audit, *layers]
+    if execve is not None:
+        execve(argv)  # the one exec the seccomp filter lets through; it returns only when it failed
+        os.write(2, b"kvgraft-sandbox: the sandbox could not start the tests\n")
+        os._exit(99)
+    os.execv(sys.executable, argv)
+
+
+def _kvgraft_run(root, script, audit, layers):
+    """Stage two: the audit hook, then the tests' code and the globals to run it in."""
+    import builtins
+    import os
+    import types
+
+    with open(script, encoding="utf-8") as f:
+        code = compile(f.read(), "<tests>", "exec")
+    layers = list(layers)
+    if audit == "1":
+        _kvgraft_audit(root)
+        layers.append("audit")
+    os.write(2, ("kvgraft-sandbox-layers: " + " ".join(layers) + "\n").encode())
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["<tests>"]
+    return code, main.__dict__
+
+
+def _kvgraft_kernel(root):
+    """Landlock (writes only under ``root``, no TCP, no signal out) and seccomp (no exec, fork or socket):
+    the layers set, and a function that makes the one exec the filter allows (None without the filter)."""
+    import ctypes
+    import os
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall, prctl, n = libc.syscall, libc.prctl, ctypes.c_long
+    syscall.restype = prctl.restype = ctypes.c_long
+    if prctl(n(38), n(1), n(0), n(0), n(0)) != 0:  # PR_SET_NO_NEW_PRIVS, which both need
+        return [], None
+    layers = []
+    abi = syscall(n(444), None, n(0), n(1))  # landlock_create_ruleset(NULL, 0, VERSION)
+    if abi >= 1:
+        fs = 0x1FF2 | (0x2000 if abi >= 2 else 0) | (0x4000 if abi >= 3 else 0) | (0x8000 if abi >= 5 else 0)
+        net, scoped = (0x3 if abi >= 4 else 0), (0x3 if abi >= 6 else 0)
+        size = 8 if abi < 4 else 16 if abi < 6 else 24
+        attr = ctypes.create_string_buffer(struct.pack("=QQQ", fs, net, scoped), 24)
+        ruleset = syscall(n(444), attr, n(size), n(0))
+        if ruleset >= 0:
+            ok = True
+            for path, allowed in ((root, fs), ("/dev/null", fs & 0x4002)):  # WRITE_FILE, TRUNCATE
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
+                ok = ok and syscall(n(445), n(ruleset), n(1), rule, n(0)) == 0  # LANDLOCK_RULE_PATH_BENEATH
+                os.close(fd)
+            if ok and syscall(n(446), n(ruleset), n(0)) == 0:
+                layers.append("landlock")
+            os.close(ruleset)
+    machine = os.uname().machine
+    if machine not in ("x86_64", "aarch64") or sys.byteorder != "little" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return layers, None
+    x86 = machine == "x86_64"
+    # execveat fork vfork socket ptrace process_vm_readv/writev io_uring_* pidfd_open pidfd_send_signal
+    # pidfd_getfd mknod mknodat mount umount2 pivot_root chroot unshare setns init/finit/delete_module kexec_*
+    # reboot bpf perf_event_open userfaultfd open_by_handle_at keyctl add_key request_key swapon swapoff
+    # new mount API, mount_setattr, tkill, clock_settime settimeofday clock_adjtime adjtimex sethostname
+    # setdomainname acct process_madvise vhangup syslog quotactl (iopl ioperm on x86)
+    if x86:
+        deny = [322, 57, 58, 41, 101, 310, 311, 425, 426, 427, 434, 424, 438, 133, 259, 165, 166, 155, 161]
+        deny += [272, 308, 175, 313, 176, 246, 320, 169, 321, 298, 323, 304, 250, 248, 249, 167, 168, 428, 429]
+        deny += [430, 431, 432, 433, 442, 200, 227, 164, 305, 159, 170, 171, 163, 440, 153, 103, 179, 172, 173]
+        execve, clone, own_pid, own_which = 59, 56, [62, 234, 203, 142, 144], 141
+    else:
+        deny = [281, 198, 117, 270, 271, 425, 426, 427, 434, 424, 438, 33, 40, 39, 41, 51, 97, 268, 105]
+        deny += [273, 106, 104, 294, 142, 280, 241, 282, 265, 219, 217, 218, 224, 225, 428, 429, 430, 431, 432]
+        deny += [433, 442, 130, 112, 170, 266, 171, 161, 162, 89, 440, 58, 116, 60]
+        execve, clone, own_pid, own_which = 221, 220, [129, 131, 122, 118, 119], 140
+    pid = os.getpid()
+    program = ctypes.create_string_buffer(os.fsencode(sys.executable))  # the filename of the allowed exec
+    address = ctypes.addressof(program)
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    prog = [(ld, 0, 0, 4), (jeq, 0, "deny", 0xC000003E if x86 else 0xC00000B7), (ld, 0, 0, 0)]
+    if x86:
+        prog.append((jge, "deny", 0, 0x40000000))  # the x32 ABI
+    prog += [(jeq, "deny", 0, nr) for nr in deny]
+    prog += [(jeq, "nosys", 0, 435), (jeq, "clone", 0, clone), (jeq, "which", 0, own_which)]
+    prog.append((jeq, "execve", 0, execve))
+    prog += [(jeq, "self", 0, nr) for nr in own_pid]
+    prog.append((ret, 0, 0, 0x7FFF0000))  # SECCOMP_RET_ALLOW the rest
+    labels = {"clone": len(prog)}
+    prog += [(ld, 0, 0, 16), (jset, "allow", "deny", 0x10000)]  # a thread (CLONE_THREAD), never a process
+    labels["which"] = len(prog)
+    prog += [(ld, 0, 0, 16), (jeq, 0, "deny", 0), (ld, 0, 0, 24), (jeq, "allow", 0, 0), (jeq, "allow", "deny", pid)]
+    labels["execve"] = len(prog)  # only with this process's own buffer as the filename: stage two's exec
+    prog += [(ld, 0, 0, 16), (jeq, 0, "deny", address & 0xFFFFFFFF), (ld, 0, 0, 20)]
+    prog.append((jeq, "allow", "deny", address >> 32))
+    labels["self"] = len(prog)
+    prog += [(ld, 0, 0, 16), (jeq, "allow", 0, 0), (jeq, "allow", "deny", pid)]  # this process, or its group
+    labels["allow"] = len(prog)  # classic BPF jumps only forward: the blocks above land here
+    prog.append((ret, 0, 0, 0x7FFF0000))
+    labels["deny"] = len(prog)
+    prog.append((ret, 0, 0, 0x00050001))  # SECCOMP_RET_ERRNO | EPERM
+    labels["nosys"] = len(prog)
+    prog.append((ret, 0, 0, 0x00050026))  # ENOSYS: the C library falls back to clone
+    code = b"".join(
+        struct.pack("=HBBI", op, *(labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)), k & 0xFFFFFFFF)
+        for i, (op, jt, jf, k) in enumerate(prog)
+    )
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _Prog(len(prog), ctypes.addressof(buf))
+    if prctl(n(22), n(2), ctypes.byref(fprog), n(0), n(0)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return layers, None
+    layers.append("seccomp")
+
+    def exec_stage_two(argv, _program=program):
+        args = (ctypes.c_char_p * (len(argv) + 1))(*map(os.fsencode, argv), None)
+        env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
+        libc.execve(_program, args, (ctypes.c_char_p * (len(env) + 1))(*env, None))
+
+    return layers, exec_stage_two
+
+
+def _kvgraft_audit(root):
+    """Install the audit hook: it refuses, and ends the tests at once, whatever leaves ``root``."""
+    import _posixsubprocess
+    import os
+    import posix
+    import signal
+    import time
+    import types
+
+    prefix = root + "/"
+
+    def refuse(message, _write=os.write, _exit=os._exit, _bytes=bytes):
+        try:
+            _write(2, _bytes("\nkvgraft-sandbox: " + message.replace("\n", " ") + "\n", "utf-8", "replace"))
+        finally:
+            _exit(99)
+
+    def stub(name, _refuse=refuse):
+        def refused(*args, _refuse=_refuse, _name=name, **kwargs):
+            _refuse("tests tried to call " + _name)
+
+        return refused
+
+    for module, names in (
+        ((os, posix), ("mkfifo", "mknod", "pidfd_open", "chroot", "setpriority", "sched_setaffinity")),
+        ((os, posix), ("sched_setparam", "sched_setscheduler", "unshare", "setns")),
+        ((signal, sys.modules["_signal"]), ("pidfd_send_signal",)),
+        ((time,), ("clock_settime", "clock_settime_ns")),
+        ((_posixsubprocess,), ("fork_exec",)),
+    ):
+        for m in module:
+            for attr in names:
+                if hasattr(m, attr):
+                    setattr(m, attr, stub(module[0].__name__ + "." + attr))
+
+    def resolve(
+        path,
+        dir_fd,
+        _isinstance=isinstance,
+        _int=int,
+        _str=str,
+        _bytes=bytes,
+        _join="".join,
+        _bjoin=b"".join,
+        _decode=bytes.decode,
+        _enc=sys.getfilesystemencoding(),
+        _getcwd=os.getcwd,
+        _readlink=os.readlink,
+        _OSError=OSError,
+        _root=root,
+    ):
+        """The absolute, normalised path an event's path names (an fd: the file it is open on); None when it
+        cannot be told: not a path, or relative with ``..`` (another thread may move the working directory)."""
+        if _isinstance(path, _int):
+            try:
+                path = _readlink("/proc/self/fd/%d" % _int.__int__(path))
+            except _OSError:
+                return None
+            return path if path.startswith("/") else _root  # a pipe or socket: no place in the file system
+        if _isinstance(path, _bytes):
+            path = _decode(_bjoin((path,)), _enc, "surrogateescape")
+        elif _isinstance(path, _str):
+            path = _join((path,))
+        else:
+            return None
+        parts = path.split("/")
+        if not path.startswith("/"):
+            if ".." in parts:
+                return None
+            if _isinstance(dir_fd, _int) and _int.__int__(dir_fd) >= 0:
+                try:
+                    base = _readlink("/proc/self/fd/%d" % _int.__int__(dir_fd))
+                except _OSError:
+                    return None
+            else:
+                base = _getcwd()
+            parts = base.split("/") + parts
+        kept = []
+        for part in parts:
+            if part == "..":
+                if kept:
+                    kept.pop()
+            elif part and part != ".":
+                kept.append(part)
+        return "/" + "/".join(kept)
+
+    def inside(path, _root=root, _prefix=prefix, _str=str, _isinstance=isinstance):
+        return _isinstance(path, _str) and (path == _root or path.startswith(_prefix) or path == "/dev/null")
+
+    def shown(arg, _type=type, _str=str, _bytes=bytes, _int=int, _list=list, _tuple=tuple, _join=" ".join):
+        """A short text for an event argument that never runs the tests' code: exact types only."""
+        if _type(arg) is _bytes:
+            arg = _bytes.decode(arg, "utf-8", "replace")
+        if _type(arg) is _list or _type(arg) is _tuple:
+            arg = _join([a if _type(a) is _str else "%d" % a if _type(a) is _int else "?" for a in arg])
+        return arg[:120] if _type(arg) is _str else "?"
+
+    def outside(verb, target, arg, _shown=shown):
+        if target is None:
+            return "tests tried to %s %s: the sandbox refuses a path object or a relative path with '..'" % (
+                verb,
+                _shown(arg),
+            )
+        return "tests tried to %s %s outside their folder" % (verb, target)
+
+    paths = types.MappingProxyType(
+        {
+            "os.chmod": ("change the mode of", ((0, 2),)),
+            "os.chown": ("change the owner of", ((0, 3),)),
+            "os.utime": ("change the times of", ((0, 3),)),
+            "os.truncate": ("truncate", ((0, None),)),
+            "os.setxattr": ("change the attributes of", ((0, None),)),
+            "os.removexattr": ("change the attributes of", ((0, None),)),
+            "os.mkdir": ("create the folder", ((0, 2),)),
+            "os.rmdir": ("remove the folder", ((0, 1),)),
+            "os.remove": ("remove", ((0, 1),)),
+            "os.rename": ("rename", ((0, 2), (1, 3))),
+            "os.link": ("link", ((0, 2), (1, 3))),
+            "os.chdir": ("enter", ((0, None),)),
+            "os.lockf": ("lock", ((0, None),)),
+            "fcntl.fcntl": ("lock", ((0, None),)),
+            "fcntl.flock": ("lock", ((0, None),)),
+            "fcntl.lockf": ("lock", ((0, None),)),
+            "shutil.rmtree": ("remove", ((0, 1),)),
+            "shutil.copyfile": ("copy to", ((1, None),)),
+            "shutil.copymode": ("copy to", ((1, None),)),
+            "shutil.copystat": ("copy to", ((1, None),)),
+            "shutil.copytree": ("copy to", ((1, None),)),
+            "shutil.move": ("move", ((0, None), (1, None))),
+            "shutil.chown": ("change the owner of", ((0, None),)),
+            "shutil.make_archive": ("write", ((0, None),)),
+            "shutil.unpack_archive": ("unpack into", ((1, None),)),
+        }
+    )
+    spawn = frozenset(
+        ["os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "subprocess.Popen"]
+        + ["pty.spawn", "os.startfile"]
+    )
+    network = frozenset(
+        ["socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo"]
+        + ["socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo", "socket.sethostname"]
+        + ["syslog.openlog", "syslog.syslog"]
+    )
+    other = types.MappingProxyType(
+        {
+            "gc.get_objects": "walk the interpreter's objects",
+            "gc.get_referrers": "walk the interpreter's objects",
+            "gc.get_referents": "walk the interpreter's objects",
+            "cpython.PyInterpreterState_New": "start a subinterpreter",
+            "resource.setrlimit": "change their resource limits",
+            "resource.prlimit": "change their resource limits",
+            "fcntl.ioctl": "call ioctl",
+            "os.killpg": "signal a process group",
+            "os.symlink": "create a symbolic link",
+            "sys.addaudithook": "add an audit hook",
+        }
+    )
+    loaded = frozenset(["posix", "os", "_signal", "signal", "time", "_posixsubprocess"])
+    unsafe = frozenset(
+        ["_cffi_backend", "_sqlite3", "_dbm", "_gdbm", "readline", "_multiprocessing", "_posixshmem", "_tkinter"]
+    )
+    watched = frozenset(["open", "import", "socket.__new__", "os.kill", *spawn, *network, *other, *paths])
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    folder_flags = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
+
+    def hook(
+        event,
+        args,
+        _watched=watched,
+        _paths=paths,
+        _spawn=spawn,
+        _network=network,
+        _other=other,
+        _loaded=loaded,
+        _unsafe=unsafe,
+        _resolve=resolve,
+        _inside=inside,
+        _shown=shown,
+        _outside=outside,
+        _refuse=refuse,
+        _isinstance=isinstance,
+        _int=int,
+        _str=str,
+        _len=len,
+        _stat=os.stat,
+        _pid=os.getpid(),
+        _own=str(os.getpid()),
+        _write_flags=write_flags,
+        _folder_flags=folder_flags,
+        _BaseException=BaseException,
+    ):
+        if event not in _watched and not event.startswith("ctypes."):
+            return
+        try:
+            if event == "open":
+                path, mode, flags = args[0], args[1], args[2]
+                if _isinstance(path, _int):
+                    return  # open(fd) wraps a descriptor the process already has
+                flags = _int.__int__(flags) if _isinstance(flags, _int) else 0
+                target = _resolve(path, None)
+                if target is not None and target.startswith("/proc/"):
+                    place = target.split("/")[2]
+                    if place.isdigit() and place != _own:  # its environment, memory, files: not the tests' to read
+                        _refuse("tests tried to read %s of another process" % target)
+                if flags & _write_flags:  # computed by open() from its mode, or given to os.open
+                    if not _inside(target):
+                        _refuse(_outside("write", target, path))
+                elif mode is None and not _inside(target):  # os.open: a folder's fd would reach past the folder
+                    if target is None:
+                        _refuse(_outside("open", target, path))
+                    folder = flags & _folder_flags
+                    if not folder:
+                        try:
+                            folder = (_stat(target).st_mode & 0o170000) == 0o040000
+                        except _BaseException:
+                            folder = False
+                    if folder:
+                        _refuse("tests tried to open the folder %s outside their own" % target)
+                return
+            if event in _paths:
+                verb, places = _paths[event]
+                for index, dir_index in places:
+                    if index >= _len(args) or args[index] is None:
+                        continue
+                    target = _resolve(args[index], None if dir_index is None else args[dir_index])
+                    if not _inside(target):
+                        _refuse(_outside(verb, target, args[index]))
+                return
+            if event in _spawn:
+                detail = (" " + _shown(args[1] if event == "subprocess.Popen" else args[0])) if args else ""
+                _refuse("tests tried to start a process (%s%s)" % (event, detail))
+            if event in _network:
+                where = args[0] if event.startswith("socket.get") else args[1] if event.startswith("socket.") else ""
+                _refuse("tests tried to use the network (%s %s)" % (event, _shown(where)))
+            if event == "socket.__new__":
+                if not (_isinstance(args[1], _int) and _int.__int__(args[1]) == 1):  # AF_UNIX: socketpair
+                    _refuse("tests tried to open a network socket")
+                return
+            if event == "os.kill":
+                if not (_isinstance(args[0], _int) and _int.__int__(args[0]) in (0, _pid)):
+                    _refuse("tests tried to signal another process")
+                return
+            if event == "import":
+                name = _shown(args[0])
+                if name in _unsafe or name in _loaded or name.startswith(("ctypes", "_ctypes", "_test", "_xx")):
+                    _refuse("tests tried to import %s" % name)
+                return
+            if event in _other:
+                _refuse("tests tried to %s" % _other[event])
+            _refuse("tests tried to use ctypes (%s)" % event)
+        except _BaseException:
+            _refuse("the sandbox could not check the event %s" % event)
+
+    sys.addaudithook(hook)
+
+
+if sys.argv[1] == "confine":
+    _kvgraft_code, _kvgraft_globals = _kvgraft_confine(*sys.argv[2:])
+else:
+    _kvgraft_code, _kvgraft_globals = _kvgraft_run(*sys.argv[2:5], sys.argv[5:])
+del _kvgraft_confine, _kvgraft_kernel, _kvgraft_run, _kvgraft_audit
+exec(_kvgraft_code, _kvgraft_globals)
+'''
