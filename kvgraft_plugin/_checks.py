@@ -1,8 +1,9 @@
 """Answer extraction and checking, shared by `build` (entry verification), `bench` and `curate`.
 
 Code is checked by running tests: `run_tests` (`kvgraft_plugin._sandbox`) executes a program in a fresh,
-contained interpreter, the standard library only, because a source's tests are code; `tests_checker` (``--checker tests``) runs the expected entry's tests against the produced code under the
-function name the query asks for.
+contained interpreter, the standard library only, because a source's tests are code; `tests_checker`
+(``--checker tests``) runs the expected entry's tests against the produced code under the function name the
+query asks for.
 
 Code is taken out of an instruct model's answer first (`extract_code`): a fenced block, else the asked
 function's last ``def``.

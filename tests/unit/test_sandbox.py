@@ -16,8 +16,8 @@ import uuid
 import pytest
 
 from kvgraft_plugin._checks import entry_problems
-from kvgraft_plugin._sandbox import _kill_group, _run_contained, _wait_unreaped, run_tests
 from kvgraft_plugin._exceptions import SourceError
+from kvgraft_plugin._sandbox import _kill_group, _run_contained, _wait_unreaped, run_tests
 from kvgraft_plugin._template import Entry
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox is POSIX")
