@@ -12,6 +12,7 @@ The router needs no LLM; the engine owns the model and runs any model-based chec
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,22 @@ Guard = Callable[[Candidate], "str | None"]
 # -- guards ---------------------------------------------------------------------------------------------
 
 
+def _unread_scripts(text: str) -> set[str]:
+    """Scripts of the letters in ``text`` that the word guards do not read (all but Latin)."""
+    scripts = {unicodedata.name(ch, "UNKNOWN").split()[0] for ch in text if ch.isalpha() and not ch.isascii()}
+    return scripts - {"LATIN"}
+
+
+def script_guard(c: Candidate) -> str | None:
+    """The word guards read Latin-script words only: in a question or an entry with letters of another
+    script (Cyrillic, CJK, Greek...) they would see no word at all and pass what changed ("17 плюс 23" against
+    "17 times 23"), so such a candidate is refused. This guard fails closed; a judge is what could decide."""
+    unread = _unread_scripts(c.question) | _unread_scripts(c.entry.problem)
+    if unread:
+        return f"letters the word guards cannot read ({', '.join(sorted(unread))})"
+    return None
+
+
 def numbers_guard(c: Candidate) -> str | None:
     """Same numbers (value and sign, however written); two operands of an ordered operation in the same order."""
     query, problem = c.query.number_counts, c.problem.number_counts
@@ -176,6 +193,7 @@ def code_guard(c: Candidate) -> str | None:
 
 #: The structural guards, in the order they run (after threshold and margin).
 DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
+    ("script", script_guard),
     ("numbers", numbers_guard),
     ("code", code_guard),
     ("terms", terms_guard),

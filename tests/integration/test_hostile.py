@@ -337,3 +337,30 @@ def test_an_unknown_entry_and_an_empty_question_fail_before_the_model_loads(buil
     assert result.exit_code == 1 and "no entry 'nope'" in result.output
     result = cli("ask", "--library", built, "\u200b ")
     assert result.exit_code == 1 and "empty" in result.output
+
+
+def test_hostile_tests_in_a_source_are_contained_and_fail_the_build(tmp_path, gemma_path):
+    """A source's `tests` that fork a lingering child, write outside their folder and allocate 10 GB: with
+    --run-tests each entry fails verification by name, nothing is written, nothing is left running; without
+    it the build says the tests were not run."""
+    marker = f"kvgraft-hostile-{tmp_path.name}"
+    outside = tmp_path / "outside.txt"
+    hostile = {
+        "fork": f"import subprocess\nsubprocess.Popen(['sleep', '60', '{marker}'], start_new_session=True)",
+        "write": f"open({str(outside)!r}, 'w').write('x')",
+        "memory": "x = bytearray(10 * 1024 ** 3)",
+    }
+    lines = [
+        {"id": name, "problem": "def f():\n    '''One.'''", "solution": "    return 1", "tests": tests}
+        for name, tests in hostile.items()
+    ]
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    args = ("--model", gemma_path, "--n-threads", 2)
+    refused = cli("build", src, "--library", tmp_path / "lib", "--run-tests", *args)
+    assert refused.exit_code == 1 and "3 entries failed verification" in refused.output, refused.output
+    assert all(f"{name}: its tests fail" in refused.output for name in hostile)
+    assert not outside.exists()
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1  # nothing left running
+    untested = cli("build", src, "--library", tmp_path / "lib2", *args)
+    assert untested.exit_code == 0 and "tests: not run for 3 entries" in untested.output, untested.output

@@ -15,6 +15,7 @@ from kvgraft_plugin._router import (
     code_guard,
     numbers_guard,
     relations_guard,
+    script_guard,
     terms_guard,
     units_guard,
 )
@@ -27,6 +28,19 @@ def cand(question: str, problem: str) -> Candidate:
 
 
 GUARD_CASES = {
+    script_guard: (
+        [
+            ("What is 17 times 23?", "What is 17 times 23?"),
+            ("Was ist 17 mal 23? Größer?", "Was ist 17 mal 23? Größer?"),  # Latin letters with umlauts are read
+        ],
+        [
+            ("Сколько будет 17 плюс 23?", "What is 17 times 23?"),  # the word guards see no word in it
+            ("Сколько будет 17 плюс 23?", "Сколько будет 17 умножить на 23?"),
+            ("17乘以23等于多少？", "What is 17 times 23?"),
+            ("What is 17 times 23?", "17加23等于多少？"),  # the entry's side too
+            ("What is the force on a 5 Ω resistor?", "What is the force on a 5 Ω resistor?"),
+        ],
+    ),
     numbers_guard: (
         [  # pass
             ("What is 23 times 17?", "What is 17 times 23?"),  # commutative order
