@@ -41,12 +41,12 @@ demo: setup
 	$(if $(MODEL),.venv/bin/kvgraft models pull $(MODEL) >/dev/null)
 	.venv/bin/kvgraft demo $(if $(MODEL),--model $(MODEL))
 
-# The unit tier: logic on fakes and small files, no model run (~10 s).
+# The unit tier: logic on fakes and small files, no model run (under a minute).
 test-fast: setup
 	.venv/bin/pytest tests/unit -q -p no:cacheprovider
 
 test: setup lint
-	.venv/bin/pytest tests -q -p no:cacheprovider --durations=10
+	KVGRAFT_WHEELS=$(WHEELS) .venv/bin/pytest tests -q -p no:cacheprovider --durations=10
 
 # Restore vs memcpy and TTFT per prefix length, a 40-case bitwise sweep up to n_ctx, then the full
 # plain / text-rag / graft bench on the example library (built by the demo into the cache directory),

@@ -128,10 +128,11 @@ def test_a_reader_of_the_previous_manifest_still_finds_its_index(lib, source, tm
 def test_unreadable_state_falls_back_to_text_rag(lib, gemma_path):
     state = lib / manifest(lib)["entries"]["mul-17x23"]["state_file"]
     state.unlink()
-    state.mkdir()  # reading it raises IsADirectoryError (an OSError, like a permission error)
+    state.mkdir()  # not a regular file: refused before it is opened
     with GraftEngine(lib, model_path=str(gemma_path), n_threads=2) as engine:
         result = engine.ask("What is 17 times 23?", max_tokens=6)
-    assert result.route == "text-rag" and result.fallback_reason.startswith("missing: ")
+    assert result.route == "text-rag" and result.fallback_reason.startswith("integrity: ")
+    assert "is not a regular file" in result.fallback_reason
 
 
 @pytest.mark.parametrize(

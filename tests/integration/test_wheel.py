@@ -25,8 +25,10 @@ def test_installed_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("kvgraft_plugin-*.whl")
     venv.create(tmp_path / "venv", with_pip=True)
     bin_dir = tmp_path / "venv" / "bin"
-    # the CPU torch on this disk first (any other pulls GBs of CUDA); llama-cpp-python comes from pip's wheel cache
-    run(bin_dir / "pip", "install", "-q", "torch==2.13.0", wheel, timeout=900)
+    # the CPU torch on this disk first (any other pulls GBs of CUDA); llama-cpp-python from the wheel `make setup`
+    # built (KVGRAFT_WHEELS), else pip builds it from its sdist again (~9 min on 2 cores)
+    built = ["--find-links", os.environ["KVGRAFT_WHEELS"]] if os.environ.get("KVGRAFT_WHEELS") else []
+    run(bin_dir / "pip", "install", "-q", *built, "torch==2.13.0", wheel, timeout=900)
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
