@@ -73,6 +73,7 @@ def test_ask_json_contract(cli_library):
     assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
     assert [v["guard"] for v in out["match"]] == [
         "threshold",
+        "script",
         "numbers",
         "code",
         "terms",
