@@ -26,6 +26,7 @@ from ._exceptions import (
     SignatureError,
     SourceError,
     StateError,
+    StorageError,
 )
 from ._index import Embedder, Hit, VectorIndex
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, read_source
@@ -67,6 +68,7 @@ __all__ = [
     "SignatureError",
     "SourceError",
     "StateError",
+    "StorageError",
     "VectorIndex",
     "__version__",
     "build_library",

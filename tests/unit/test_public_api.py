@@ -36,6 +36,7 @@ def test_all_is_pinned():
             "SignatureError",
             "SourceError",
             "StateError",
+            "StorageError",
             "VectorIndex",
             "__version__",
             "build_library",
