@@ -528,7 +528,8 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
                 raise click.ClickException(f"{path} not found; pass --source and --queries")
         click.echo(f"\n== {Path(src).parent.name}/{Path(src).name} ==")
         config = make_config(options, max_tokens=budget, **engine)
-        run_demo(lib, src, qs, config=config, echo=click.echo, checker=checker)
+        # the bundled examples' tests are ours; a source the user names is code from its author (opt-in: build)
+        run_demo(lib, src, qs, config=config, echo=click.echo, checker=checker, run_tests=source is None)
 
 
 @main.command()
