@@ -6,8 +6,10 @@ LangChain's executor defaults (the engine runs requests one at a time on its wor
 
 Construction: ``ChatKVGraft(library="lib/")`` with any llama.cpp or routing setting, or
 ``ChatKVGraft(engine=engine)`` to share an engine that is already loaded. Instances created from a
-library path share one engine per (library, llama.cpp context settings, embedder, key) through a
-process-wide pool, so creating many instances (as langchain-tests does) loads the model once. Routing
+library path (`KVGraftRetriever` too) share one engine per (library, llama.cpp context settings, embedder,
+key, cache folder) through a process-wide pool, so creating many instances (as langchain-tests does) loads
+the model once. Only the settings an instance sets reach the engine: it adopts the library's pinned llama
+settings (``n_batch``, ``type_k``...: the fingerprint) for the others, so the library's states graft. Routing
 (``threshold``, ``margin``, ``neighbors``, ``guards``, ``fallback``) and generation (``max_tokens``,
 ``decode``, ``stop`` and every `SamplingParams` field: ``temperature``, ``top_k``, ``top_p``, ``min_p``, the
 penalties, ``seed``, ``grammar``) are passed with each request, never part of that key. An engine is
@@ -29,7 +31,7 @@ import atexit
 import collections
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
@@ -79,7 +81,9 @@ _ENGINE_SETTINGS = (
     "swa_full", "repack", "embedder", "key_file", "cache_dir",
 )  # fmt: skip
 _ROUTING_SETTINGS = ("threshold", "margin", "neighbors", "guards", "fallback")
-_PoolKey = tuple[str, EngineConfig]
+#: (where the library is, the engine settings a caller set, sorted). A setting left unset is not in the key:
+#: the engine takes it from the library's pinned ones, so ``n_batch=512`` and no ``n_batch`` are two engines.
+_PoolKey = tuple[str, tuple[tuple[str, Any], ...]]
 
 
 class _EnginePool:
@@ -106,13 +110,16 @@ class _EnginePool:
         for engine in engines:
             engine.close()
 
-    def acquire(self, library: str | None, config: EngineConfig) -> tuple[_PoolKey, GraftEngine]:
+    def acquire(self, library: str | None, settings: Mapping[str, Any]) -> tuple[_PoolKey, GraftEngine]:
+        """The engine for ``library`` with ``settings`` (only those the caller set, none ``None``), loaded on
+        first use. They go to `GraftEngine` as keywords, not as a config, so that the engine adopts the
+        library's pinned llama settings (``n_batch``, ``type_k``...) for every one the caller left unset."""
         where = "" if not library else library if is_url(library) else str(Path(library).resolve())
-        key = (where, config)
+        key = (where, tuple(sorted(settings.items())))
         with self._lock:
             engine, users = self._engines.get(key) or (None, 0)
             if engine is None:
-                engine = GraftEngine(library, config=config)
+                engine = GraftEngine(library, **settings)
             self._engines[key] = (engine, users + 1)
             return key, engine
 
@@ -147,8 +154,12 @@ class _EnginePool:
 _POOL = _EnginePool()
 
 
-class _KVGraftMixin(BaseModel):
-    """Fields and engine wiring shared by the chat model and the LLM."""
+class _EngineMixin(BaseModel):
+    """The settings that pin an engine, and how an instance gets one: ``engine=``, else the process's pool.
+
+    Every setting left ``None`` is left to the engine: it adopts the library's pinned llama settings (its
+    fingerprint), else its defaults. Shared by the chat model, the LLM and the retriever, so instances with
+    the same settings share one engine, its trust checks and its caches."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
@@ -158,10 +169,6 @@ class _KVGraftMixin(BaseModel):
     """Where a library URL is mirrored (default ``~/.cache/kvgraft/libraries``)."""
     engine: Any = Field(default=None, exclude=True)
     """A loaded `GraftEngine` to share instead of loading one from ``library``."""
-    mode: Literal["auto", "graft", "text-rag", "plain"] = "auto"
-    """Route policy (see `GraftEngine.stream`)."""
-    fallback: Literal["auto", "raise"] = "auto"
-    """``"raise"``: a query with no match raises `NoMatchError` (compose ``.with_fallbacks``)."""
     model: str | None = None
     """A model name (``kvgraft models``: ``qwen2.5-coder-1.5b-instruct``...) or a GGUF path; the same as
     ``model_path``. Default: the library's model, else Gemma 3 270M."""
@@ -170,9 +177,9 @@ class _KVGraftMixin(BaseModel):
     n_ctx: int | None = None
     """Context length (default 4096)."""
     n_batch: int | None = None
-    """Prefill chunk size (default 512)."""
+    """Prefill chunk size (default: the library's, else 512)."""
     n_ubatch: int | None = None
-    """Physical micro-batch (default 512)."""
+    """Physical micro-batch (default: the library's, else 512)."""
     n_threads: int | None = None
     """CPU threads."""
     n_gpu_layers: int | None = None
@@ -189,6 +196,52 @@ class _KVGraftMixin(BaseModel):
     """llama.cpp's repacked CPU weights (default off: batches then give one-token steps' logits)."""
     embedder: str | None = None
     """sentence-transformers model name or path (default: the library's)."""
+    key_file: str | None = None
+    """HMAC key file: only a library signed with it is used."""
+
+    _engine: GraftEngine | None = PrivateAttr(default=None)
+    _release: weakref.finalize | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _validate_engine(self) -> _EngineMixin:
+        if self.engine is not None and not isinstance(self.engine, GraftEngine):
+            raise ConfigError(f"engine must be a GraftEngine, got {type(self.engine).__name__}")
+        if self.model is not None and self.model_path is not None and self.model != self.model_path:
+            raise ConfigError(f"model={self.model!r} and model_path={self.model_path!r} name two models; give one")
+        return self
+
+    def _engine_settings(self) -> dict[str, Any]:
+        """The engine settings this instance sets; those it leaves ``None`` are the engine's to choose."""
+        settings = {k: getattr(self, k) for k in _ENGINE_SETTINGS}
+        settings["model_path"] = self.model_path or self.model
+        return {k: v for k, v in settings.items() if v is not None}
+
+    def _get_engine(self) -> GraftEngine:
+        if self.engine is not None:
+            return self.engine  # type: ignore[no-any-return]
+        if self._engine is None:
+            key, self._engine = _POOL.acquire(self.library, self._engine_settings())
+            self._release = weakref.finalize(self, _POOL.release_later, key)
+            self._release.atexit = False  # at exit the pool closes its engines itself (`close_all`)
+        return self._engine
+
+    def release(self) -> None:
+        """Stop using the pooled engine; it is closed when no other instance uses it. A later call loads
+        (or shares) one again. Does nothing for an engine passed in with ``engine=``."""
+        detached = self._release.detach() if self._release is not None else None
+        if detached is not None:
+            _, _, (key,), _ = detached
+            _POOL.release(key)
+        self._engine, self._release = None, None
+
+
+class _KVGraftMixin(_EngineMixin):
+    """Routing and generation settings shared by the chat model and the LLM; they travel with each request."""
+
+    mode: Literal["auto", "graft", "text-rag", "plain"] = "auto"
+    """Route policy (see `GraftEngine.stream`)."""
+    fallback: Literal["auto", "raise"] = "auto"
+    """``"raise"``: a query with no match raises `NoMatchError` (compose ``.with_fallbacks``)."""
     threshold: float | None = None
     """Cosine threshold (default: the library's calibrated one)."""
     margin: float | None = None
@@ -197,8 +250,6 @@ class _KVGraftMixin(BaseModel):
     """Neighbours the router considers (default 4)."""
     guards: bool | None = None
     """Run the router's structural guards: a similar problem with another answer never grafts (default on)."""
-    key_file: str | None = None
-    """HMAC key file: only a library signed with it is used."""
     temperature: float | None = None
     """0 (default) is greedy; above 0 samples with ``seed``."""
     top_k: int | None = None
@@ -231,39 +282,11 @@ class _KVGraftMixin(BaseModel):
     max_retries: int = 0
     """Accepted for LangChain compatibility; local calls are not retried."""
 
-    _engine: GraftEngine | None = PrivateAttr(default=None)
-    _release: weakref.finalize | None = PrivateAttr(default=None)
-
     @model_validator(mode="after")
-    def _validate_engine(self) -> _KVGraftMixin:
-        if self.engine is not None and not isinstance(self.engine, GraftEngine):
-            raise ConfigError(f"engine must be a GraftEngine, got {type(self.engine).__name__}")
-        if self.model is not None and self.model_path is not None and self.model != self.model_path:
-            raise ConfigError(f"model={self.model!r} and model_path={self.model_path!r} name two models; give one")
+    def _validate_request_settings(self) -> _KVGraftMixin:
         # refuse a bad threshold or temperature now, not at the first call
         EngineConfig().with_settings(**self._routing(), **self._sampling())
         return self
-
-    def _get_engine(self) -> GraftEngine:
-        if self.engine is not None:
-            return self.engine  # type: ignore[no-any-return]
-        if self._engine is None:
-            settings = {k: getattr(self, k) for k in _ENGINE_SETTINGS}
-            settings["model_path"] = self.model_path or self.model
-            config = EngineConfig().with_settings(**settings)
-            key, self._engine = _POOL.acquire(self.library, config)
-            self._release = weakref.finalize(self, _POOL.release_later, key)
-            self._release.atexit = False  # at exit the pool closes its engines itself (`close_all`)
-        return self._engine
-
-    def release(self) -> None:
-        """Stop using the pooled engine; it is closed when no other instance uses it. A later call loads
-        (or shares) one again. Does nothing for an engine passed in with ``engine=``."""
-        detached = self._release.detach() if self._release is not None else None
-        if detached is not None:
-            _, _, (key,), _ = detached
-            _POOL.release(key)
-        self._engine, self._release = None, None
 
     def _routing(self, **kwargs: Any) -> dict[str, Any]:
         values = {k: kwargs.get(k, getattr(self, k)) for k in _ROUTING_SETTINGS}
@@ -516,27 +539,18 @@ class KVGraftLLM(_KVGraftMixin, BaseLLM):
         return LLMResult(generations=generations)
 
 
-class KVGraftRetriever(BaseRetriever):
+class KVGraftRetriever(_EngineMixin, BaseRetriever):
     """The library's nearest entries as `Document`s, for text-RAG chains over the same index.
 
-    No threshold is applied: exactly ``k`` documents come back (fewer only if the library is smaller).
-    Metadata: ``entry_id``, ``score`` (cosine similarity), ``problem``, ``answer``.
+    It searches through a `GraftEngine` (``engine=``, else the same pooled engine as a `ChatKVGraft` or
+    `KVGraftLLM` with the same settings), so the engine's trust checks hold: a library that fails its
+    signature check (``key_file``) gives out no document. No threshold is applied: exactly ``k`` documents
+    come back (fewer only if the library is smaller). Metadata: ``entry_id``, ``score`` (cosine
+    similarity), ``problem``, ``answer``.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    library: str | None = None
-    """Library folder (loads only the embedder and the index, not the LLM)."""
-    engine: Any = Field(default=None, exclude=True)
-    """A loaded `GraftEngine` to share."""
     k: int = 4
     """How many entries to return."""
-    embedder: str | None = None
-    """sentence-transformers model name or path (default: the library's)."""
-    key_file: str | None = None
-    """HMAC key file: an unsigned or badly signed library is refused."""
-
-    _search: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _validate(self) -> KVGraftRetriever:
@@ -546,34 +560,16 @@ class KVGraftRetriever(BaseRetriever):
             raise ConfigError(f"k must be >= 1, got {self.k}")
         return self
 
-    def _searcher(self) -> Any:
-        if self._search is None:
-            from .._index import Embedder, open_index
-            from .._library import Library, load_key
-
-            if self.engine is not None:
-                engine: GraftEngine = self.engine
-                self._search = (engine.library, engine.search)
-            else:
-                key = load_key(self.key_file) if self.key_file else None
-                library = Library.open(self.library or "", key=key)
-                if not library.trusted:
-                    from .._exceptions import SignatureError
-
-                    raise SignatureError(f"library {library.path} refused: {library.untrusted_reason}")
-                embedder = Embedder.for_library(library, self.embedder)
-                index = open_index(library, embedder)
-                self._search = (library, lambda q, k: index.search(embedder.encode([q])[0], k))
-        return self._search
-
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        library, search = self._searcher()
-        k = kwargs.get("k", self.k)
+        engine = self._get_engine()
         documents = []
-        for hit in search(query, k):
-            entry = library.get(hit.entry_id).entry
+        for hit in engine.search(query, kwargs.get("k", self.k)):
+            record = engine.library.entries.get(hit.entry_id) if engine.library is not None else None
+            if record is None:  # an index read mid-prune may name an entry the manifest no longer has
+                continue
+            entry = record.entry
             text = f"Problem: {entry.problem}\n" + (f"Answer: {entry.answer}\n" if entry.answer else "")
             documents.append(
                 Document(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,6 +50,14 @@ class Backend(Protocol):
 
     def device(self) -> str:
         """Where the KV cache lives: "cpu" or "gpu"."""
+
+    def runtime_facts(self) -> dict[str, Any]:
+        """What the runtime is that changes the bits of a state: the keys of
+        `kvgraft_plugin._fingerprint.RUNTIME_FACTS` (version, build features, kernels, arch, device)."""
+
+    def check_state(self, payload: bytes | bytearray | memoryview, n_tokens: int) -> None:
+        """Refuse bytes that are not a well-formed state of ``n_tokens`` positions for this runtime:
+        `IntegrityError` when malformed, `IncompatibleStateError` when made under other KV settings."""
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
         """Token ids of ``text``; special-token syntax is parsed only with ``special`` (template markup)."""

@@ -182,8 +182,8 @@ def _summary(
         "config": {
             "model": engine.model_path.name,
             "library": engine.library.location if engine.library else None,
-            "threshold": engine.threshold,
-            "margin": engine.margin,
+            "threshold": engine.routing.threshold(engine.config),
+            "margin": engine.routing.margin(engine.config),
             "neighbors": engine.config.neighbors,
             "max_tokens": max_tokens or engine.config.max_tokens,
             **{k: v for k, v in engine.fingerprint.items() if k not in ("system_info", "gguf_sha256")},

@@ -1,7 +1,11 @@
 """``kvgraft build``: render each entry, prefill it, save its exact KV state, index it.
 
-Builds are incremental and resumable. The manifest is rewritten (atomically) after every entry, so an
-interrupted build leaves a usable library holding every completed entry, and rerunning resumes it.
+Builds are incremental and resumable. Each state file is written (and, for a URL, uploaded) before any
+manifest names it. The manifest is rewritten (atomically) at most every `CHECKPOINT_SECONDS` while entries
+are built, once at the end, and when a build is interrupted: a library of N entries costs a handful of
+manifest writes, not N. An interrupted build leaves a consistent library holding the entries of its last
+manifest (a killed one may leave states that no manifest names yet: they are rebuilt), and rerunning
+resumes it.
 Each state is verified bitwise when it is built: the entry's own problem is fed as a probe after the
 original prefill and after a restore, and the two logit vectors must be equal. A state that fails is
 kept but flagged ``inexact``, and the engine never grafts it.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +37,9 @@ from ._template import Entry
 __all__ = ["BuildReport", "EntryBuilder", "build_library", "capture_entry", "encode_entry"]
 
 logger = logging.getLogger(__name__)
+
+#: While entries are built, the manifest is saved at most this often (seconds): what a killed build can lose.
+CHECKPOINT_SECONDS = 30.0
 
 #: Builds the given (entry, source sha256) pairs and yields each one's record and state file bytes, in
 #: any order, as each finishes: in this process by default, on Ray workers with ``kvgraft build --ray``.
@@ -96,7 +104,8 @@ def build_library(
     the library is to be served with: that configuration becomes the states' fingerprint. Each entry's
     state is durable (uploaded, for a URL) before the manifest that names it is written. ``builder``
     builds the entries elsewhere (`EntryBuilder`; its states must carry ``engine``'s fingerprint); this
-    process still writes every file and the manifest, one entry at a time as results arrive.
+    process still writes every file, one entry at a time as results arrive, and the manifest (see the
+    module's docstring for when).
 
     ``run_tests`` runs each entry's ``tests`` (Python code from the source, run contained) to verify it; off by
     default, since the source may not be yours. The report says which entries were tested or left untested.
@@ -147,10 +156,12 @@ def build_library(
 
         if prune:
             keep = {e.id for e in wanted}
-            for entry_id in sorted(set(library.entries) - keep):
-                record = library.entries.pop(entry_id)
+            gone = [library.entries.pop(entry_id) for entry_id in sorted(set(library.entries) - keep)]
+            if gone:
+                library.save()  # no manifest may name a state once it is deleted
+            for record in gone:
                 library.remove(record.state_file)
-                report.removed.append(entry_id)
+                report.removed.append(record.id)
 
         pending: list[tuple[Entry, str]] = []
         for entry in wanted:
@@ -172,23 +183,32 @@ def build_library(
                 pending.append((entry, src_sha))
 
         build = builder or (lambda items: (encode_entry(engine, entry, sha) for entry, sha in items))
-        for record, data in build(pending):
-            if record.fingerprint_sha256 != fp_sha:
-                raise LibraryError(f"entry {record.id} was built under another configuration than this build's")
-            atomic_write(path / record.state_file, data)
-            library.publish(record.state_file)
-            library.entries[record.id] = record
-            library.save()  # each completed entry is durable before the next is written
-            report.built.append(record.id)
-            if record.fidelity != "exact":
-                report.inexact.append(record.id)
-                logger.warning(
-                    "entry %s is not bitwise exact (max diff %g): it will not be grafted",
-                    record.id,
-                    record.fidelity_max_diff,
-                )
-            if progress is not None:
-                progress(1)
+        saved = time.monotonic()
+        try:
+            for record, data in build(pending):
+                if record.fingerprint_sha256 != fp_sha:
+                    raise LibraryError(f"entry {record.id} was built under another configuration than this build's")
+                atomic_write(path / record.state_file, data)
+                library.publish(record.state_file)  # durable before any manifest names it
+                old = library.entries.get(record.id)
+                library.entries[record.id] = record
+                report.built.append(record.id)
+                if time.monotonic() - saved >= CHECKPOINT_SECONDS or _would_be_skipped(old, record):
+                    library.save()
+                    saved = time.monotonic()
+                if record.fidelity != "exact":
+                    report.inexact.append(record.id)
+                    logger.warning(
+                        "entry %s is not bitwise exact (max diff %g): it will not be grafted",
+                        record.id,
+                        record.fidelity_max_diff,
+                    )
+                if progress is not None:
+                    progress(1)
+        except BaseException:  # interrupted (Ctrl-C, a failed entry): keep what is finished, then go on raising
+            _save_finished(library)
+            raise
+        library.save()  # every built entry is listed before the index is rebuilt
 
         previous_index = library.index.get("file")
         index = _update_index(library, engine, index_kind, rebuild_all=rebuild or bool(report.removed))
@@ -202,6 +222,25 @@ def build_library(
         for stale in stale_index_files(path, {library.index["file"], str(previous_index)}):
             library.remove(stale.name)
     return report
+
+
+def _would_be_skipped(old: EntryRecord | None, new: EntryRecord) -> bool:
+    """Whether the saved manifest's ``old`` record names the file just replaced by ``new``'s other bytes and
+    would still pass for built on a rerun (same source, same configuration): then it is saved at once, so
+    that a killed build cannot leave it naming a file it does not match."""
+    return (
+        old is not None
+        and old.state_digest != new.state_digest
+        and (old.source_sha256, old.fingerprint_sha256) == (new.source_sha256, new.fingerprint_sha256)
+    )
+
+
+def _save_finished(library: Library) -> None:
+    """Save the manifest of an interrupted build; a failure to do so is logged, not raised over the cause."""
+    try:
+        library.save()
+    except Exception as exc:  # the storage may be what failed: the interruption's own error goes on
+        logger.warning("could not save the finished entries of %s: %s", library.location, exc)
 
 
 def _fit_problems(engine: GraftEngine, entry: Entry) -> list[str]:
@@ -241,7 +280,7 @@ def _model_record(engine: GraftEngine) -> dict[str, Any]:
 
 def _update_index(library: Library, engine: GraftEngine, kind: IndexKind | None, *, rebuild_all: bool) -> VectorIndex:
     """Add missing entries to the index; rebuild it when entries left or changed, or the embedder did."""
-    embedder = engine.embedder
+    embedder = engine.routing.embedder
     kind = kind or library.index.get("kind") or "flat"
     index: VectorIndex | None = None
     stale = (

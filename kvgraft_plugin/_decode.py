@@ -14,12 +14,15 @@ the cache before the next batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+import codecs
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from ._backend import Backend, TokenSampler
 
-__all__ = ["DecodeStats", "Drafter", "lookup_tokens", "step_tokens"]
+__all__ = ["DecodeStats", "Drafter", "Transcript", "decode_tokens", "lookup_tokens", "step_tokens", "stream_text"]
 
 #: n-gram lengths tried for a draft, longest first. One token alone matches too often to pay for itself.
 NGRAMS = (4, 3, 2)
@@ -40,6 +43,34 @@ class DecodeStats:
     """Draft tokens fed for verification."""
     accepted: int = 0
     """Draft tokens the sampler chose too (each saved one llama.cpp call)."""
+
+
+def decode_tokens(
+    backend: Backend,
+    sampler: TokenSampler,
+    limit: int,
+    *,
+    batch: int,
+    entry: Sequence[int],
+    rest: Sequence[int],
+    stop: tuple[str, ...],
+    stats: DecodeStats,
+) -> Generator[int, None, None]:
+    """The request's decoder: lookup decoding verifying up to ``batch`` tokens at once (drafts from the
+    ``entry`` tokens first, then from ``rest``), or step decoding when ``batch`` is 1."""
+    if batch < 2:
+        return step_tokens(backend, sampler, limit)
+    return lookup_tokens(backend, sampler, limit, Drafter(entry, rest, ends_decoding(backend, stop)), batch, stats)
+
+
+def ends_decoding(backend: Backend, stop: tuple[str, ...]) -> Callable[[int], bool]:
+    """Whether a token ends decoding by itself: an end-of-generation token, or one holding a stop string."""
+
+    def ends(token: int) -> bool:
+        piece = backend.token_bytes(token).decode("utf-8", errors="ignore")
+        return backend.is_eog(token) or any(s in piece for s in stop)
+
+    return ends
 
 
 def step_tokens(backend: Backend, sampler: TokenSampler, limit: int) -> Generator[int, None, None]:
@@ -162,3 +193,77 @@ def _index(tokens: list[int]) -> dict[tuple[int, ...], int]:
         for end in range(n, len(tokens)):
             index[tuple(tokens[end - n : end])] = end
     return index
+
+
+# -- from tokens to text -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Transcript:
+    """What `stream_text` made of the tokens."""
+
+    text: str = ""
+    """The answer: trimmed, cut before a stop string."""
+    finish: str = "length"
+    """``"stop"``, ``"eog"``, ``"length"`` or ``"cancelled"``."""
+    n_decoded: int = 0
+    """Tokens taken from the decoder, an end-of-generation token included."""
+    started: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    """`time.perf_counter` when the first token came."""
+    ended: float = 0.0
+
+
+def stream_text(
+    tokens: Iterator[int],
+    backend: Backend,
+    *,
+    trim: Callable[[str], str],
+    stop: tuple[str, ...],
+    cancel: threading.Event,
+    out: Transcript,
+) -> Iterator[str]:
+    """Turn tokens into text until a stop string, an end-of-generation token, the budget or ``cancel``.
+
+    Yields the text as it becomes safe to show: a tail that could still grow into a stop string is held
+    back. ``trim`` is the template's (an answer's leading whitespace); a stop string only counts in the
+    trimmed text. ``out`` holds the whole text and how it ended.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    raw, final, emitted, cut = "", "", 0, -1
+    for token in tokens:
+        out.n_decoded += 1
+        if out.first_token is None:
+            out.first_token = time.perf_counter()
+        if backend.is_eog(token):
+            out.finish = "eog"
+            break
+        raw += decoder.decode(backend.token_bytes(token))
+        final = trim(raw)
+        cut = min((i for s in stop if (i := final.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            final, out.finish = final[:cut], "stop"
+        safe = len(final) if cut >= 0 else len(final) - held_back(final, stop)
+        if safe > emitted:
+            yield final[emitted:safe]
+            emitted = safe
+        if cut >= 0 or cancel.is_set():
+            break
+    if out.finish == "length" and cancel.is_set():
+        out.finish = "cancelled"
+    if out.finish != "stop":
+        final = trim(raw + decoder.decode(b"", final=True))
+        if len(final) > emitted:
+            yield final[emitted:]
+    out.text, out.ended = final, time.perf_counter()
+
+
+def held_back(text: str, stop: tuple[str, ...]) -> int:
+    """Length of the longest tail of ``text`` that could still grow into a stop string."""
+    held = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:n]):
+                held = n
+                break
+    return held

@@ -17,11 +17,26 @@ the bits of a graft. Each setting's place rests on a measurement (README, "The f
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import fields
+from typing import Any
 
 from ._config import LlamaConfig
+from ._exceptions import ConfigError
+from ._state import FORMAT_VERSION
 
-__all__ = ["HARMLESS", "MUST_MATCH", "PREFILL_CHUNKING", "chunk_sizes"]
+__all__ = [
+    "HARMLESS",
+    "MUST_MATCH",
+    "PREFILL_CHUNKING",
+    "RUNTIME_FACTS",
+    "adopt_pinned",
+    "chunk_sizes",
+    "make_fingerprint",
+]
+
+logger = logging.getLogger(__name__)
 
 #: LlamaConfig fields left out of the fingerprint, each with the measurement that put it there.
 HARMLESS: dict[str, str] = {
@@ -38,6 +53,54 @@ MUST_MATCH: tuple[str, ...] = tuple(f.name for f in fields(LlamaConfig) if f.nam
 #: chunk of one token. A one-token chunk takes llama.cpp's vector path, whose results depend on the
 #: thread count (the KV bytes of prefix 1025 = 512 + 512 + 1 differed between 1, 2 and 4 threads).
 PREFILL_CHUNKING = "n_batch-no-single-token-tail"
+
+
+#: What the backend reports about itself (`Backend.runtime_facts`) that changes the bits: the runtime's
+#: version, the CPU features it was built with, ggml's tiled matmul, the architecture and the device.
+RUNTIME_FACTS: tuple[str, ...] = ("llama_cpp_python", "system_info", "tiled_matmul", "arch", "device")
+
+
+def make_fingerprint(
+    *, template: str, gguf_sha256: str, runtime: Mapping[str, Any], llama: LlamaConfig
+) -> dict[str, Any]:
+    """Everything that changes the KV bytes, their layout, or how later tokens are computed; settings
+    measured harmless (`HARMLESS`) are left out. ``runtime`` is the backend's `RUNTIME_FACTS`."""
+    missing = [name for name in RUNTIME_FACTS if name not in runtime]
+    if missing:
+        raise ValueError(f"the backend did not report {missing}")
+    return {
+        "format": FORMAT_VERSION,
+        "template": template,
+        "gguf_sha256": gguf_sha256,
+        **{name: runtime[name] for name in RUNTIME_FACTS},
+        "prefill_chunking": PREFILL_CHUNKING,
+        **{name: getattr(llama, name) for name in MUST_MATCH},
+        "n_seq_max": 1,
+    }
+
+
+def adopt_pinned(llama: LlamaConfig, pinned: Mapping[str, Any], explicit: Mapping[str, Any]) -> LlamaConfig:
+    """``llama`` with a library's must-match settings (its fingerprint, ``pinned``) wherever the caller did
+    not set one (``explicit``: the settings the caller passed); a setting the caller set to another value is
+    reported once (its states will then be served by text RAG)."""
+    adopted: dict[str, Any] = {}
+    for name in MUST_MATCH:
+        if name not in pinned or name == "model_path":
+            continue
+        if explicit.get(name) is None:
+            adopted[name] = pinned[name]
+        elif explicit[name] != pinned[name]:
+            logger.warning(
+                "%s=%r differs from the library's %r: its states will not be grafted (text RAG serves them)",
+                name,
+                explicit[name],
+                pinned[name],
+            )
+    try:
+        return llama.replace(**adopted)
+    except (ConfigError, TypeError) as exc:  # a damaged manifest: its states will be refused as incompatible
+        logger.warning("the library's pinned settings cannot be used (%s); keeping this engine's", exc)
+        return llama
 
 
 def chunk_sizes(n_tokens: int, n_batch: int) -> list[int]:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import numpy as np
 
 from ._backend import Backend
 
-__all__ = ["InvarianceReport", "InvarianceRow", "MAX_BATCH", "measure", "recall", "remember"]
+__all__ = ["InvarianceReport", "InvarianceRow", "LookupBatch", "MAX_BATCH", "measure", "recall", "remember"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,3 +143,51 @@ def remember(key: dict[str, Any], report: InvarianceReport) -> None:
         tmp.replace(path)
     except OSError as exc:
         logger.warning("cannot keep the batch-invariance result in %s: %s", path, exc)
+
+
+class LookupBatch:
+    """The largest batch lookup decoding may verify for one runtime (its ``fingerprint`` and thread count):
+    measured once, through ``run_exclusive`` (the engine's), then read from the cache."""
+
+    def __init__(
+        self,
+        fingerprint: dict[str, Any],
+        n_threads: int,
+        run_exclusive: Callable[[Callable[[Backend], InvarianceReport]], Any],
+    ) -> None:
+        unrelated = ("format", "template", "prefill_chunking")  # what a state's bytes depend on, not a batch's logits
+        self.key = {**{k: v for k, v in fingerprint.items() if k not in unrelated}, "n_threads": n_threads}
+        self._run_exclusive = run_exclusive
+        self._max_batch: int | None = None
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch proven bitwise equal to one-token steps (1: none is)."""
+        if self._max_batch is None:
+            remembered = recall(self.key)
+            self._max_batch = remembered if remembered is not None else self.measure().max_batch
+        return self._max_batch
+
+    def measure(self) -> InvarianceReport:
+        """Measure now, remember the result for ``key`` and use it from now on."""
+        report: InvarianceReport = self._run_exclusive(measure)
+        logger.info("batch invariance measured: lookup decoding may verify %d tokens at once", report.max_batch)
+        remember(self.key, report)
+        self._max_batch = report.max_batch
+        return report
+
+    def for_request(self, decode: str, backend: Backend, notes: list[str]) -> int:
+        """The batch one request's decoder may verify: 1 means step decoding. Asked for ``lookup`` where it
+        cannot be used, the reason joins ``notes``. Call it before a prefill: a first measurement clears the
+        cache."""
+        if decode == "step":
+            return 1
+        if backend.layout.recurrent:
+            reason = f"a recurrent ({backend.arch}) model cannot drop rejected draft tokens"
+            batch = 1
+        else:
+            batch = self.max_batch
+            reason = "batches are not proven bitwise equal to one-token steps on this build, model and settings"
+        if batch < 2 and decode == "lookup":
+            notes.append(f"lookup decoding not used: {reason} (kvgraft doctor --invariance)")
+        return max(batch, 1)

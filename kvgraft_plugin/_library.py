@@ -10,8 +10,9 @@
 The manifest keeps every entry's source text and prefix token ids outside the state file, so text RAG
 and rebuilds still work when a state file is damaged or stale. Every write is atomic.
 
-A library may also live at an fsspec URL (``s3://bucket/lib``): it is then read and written through a
-local mirror (`kvgraft_plugin._store`), and every check below applies to the mirror's files unchanged.
+Every file is read and written in the library's local folder ``path``, and its `kvgraft_plugin._store.Store`
+is told around that (fetch before a read, publish after a write): a folder's store has nothing to do, a URL's
+(``s3://bucket/lib``) mirrors the URL in ``path``. Every check below applies to the mirror's files unchanged.
 """
 
 from __future__ import annotations
@@ -21,35 +22,29 @@ import hmac
 import json
 import logging
 import re
-import threading
 import unicodedata
-from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ._exceptions import (
     ConfigError,
     EntryNotFoundError,
-    IncompatibleStateError,
-    InexactStateError,
     IntegrityError,
     LibraryError,
     SourceError,
 )
-from ._state import SavedState, atomic_write, check_fingerprint, decode_state, is_regular_file, read_file
-from ._store import DEFAULT_REMOTE_CACHE_BYTES, RemoteLibrary, is_url
+from ._lru import ByteLRU, RamLRU
+from ._state import SavedState, atomic_write, check_fingerprint, decode_state, read_file
+from ._store import DEFAULT_REMOTE_CACHE_BYTES, MANIFEST, SIGNATURE, FolderStore, Store, open_store
 from ._template import FORMATS, TEMPLATES, AnswerFormat, Entry, TemplateKind
 
-__all__ = ["BaseStateCache", "EntryRecord", "Library", "RamStateCache", "load_key", "read_source"]
+__all__ = ["BaseStateCache", "EntryRecord", "Library", "RamStateCache", "load_key", "read_queries", "read_source"]
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-SIGNATURE = "manifest.sig"
 MANIFEST_FORMAT = 1
 MIN_KEY_BYTES = 32
 Fidelity = Literal["exact", "inexact"]
@@ -268,102 +263,91 @@ def parse_entry(obj: Any) -> Entry:
     return Entry(entry_id, obj["problem"], obj["solution"], answer, tuple(tags), tests)
 
 
-def read_source(path: str | Path) -> list[Entry]:
-    """Read a JSONL library source. Errors name the line; duplicate ids are refused."""
+T = TypeVar("T")
+
+
+def read_jsonl(path: str | Path, parse: Callable[[Any], T], *, what: str, items: str) -> list[tuple[int, T]]:
+    """Every non-blank line of the JSONL file ``path`` as ``(line number, parse(object))``.
+
+    ``parse`` raises `ValueError` for an object it refuses. Any failure is a `SourceError` that names the file
+    and the line (``{path}:{line}: ...``); duplicate JSON keys are refused, and so is a file with no line
+    (``{path}: no {items}``). ``what`` names the file in a read error (``cannot read {what} {path}``)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise SourceError(f"cannot read source {path}: {exc}") from exc
-    entries: list[Entry] = []
-    seen: dict[str, int] = {}
+        raise SourceError(f"cannot read {what} {path}: {exc}") from exc
+    rows: list[tuple[int, T]] = []
     for lineno, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            entry = parse_entry(loads_json(line.decode("utf-8")))
+            rows.append((lineno, parse(loads_json(line.decode("utf-8")))))
         except UnicodeDecodeError as exc:
             raise SourceError(f"{path}:{lineno}: not valid UTF-8") from exc
         except ValueError as exc:
             raise SourceError(f"{path}:{lineno}: {exc}") from exc
-        if entry.id in seen:
-            raise SourceError(f"{path}:{lineno}: duplicate id {entry.id!r} (first on line {seen[entry.id]})")
-        seen[entry.id] = lineno
-        entries.append(entry)
-    if not entries:
-        raise SourceError(f"{path}: no entries")
-    return entries
+    if not rows:
+        raise SourceError(f"{path}: no {items}")
+    return rows
+
+
+def _unique_ids(path: str | Path, rows: list[tuple[int, T]], id_of: Callable[[T], str]) -> list[T]:
+    """The rows' values; a second row with the same id is a `SourceError` naming both lines."""
+    seen: dict[str, int] = {}
+    for lineno, row in rows:
+        row_id = id_of(row)
+        if row_id in seen:
+            raise SourceError(f"{path}:{lineno}: duplicate id {row_id!r} (first on line {seen[row_id]})")
+        seen[row_id] = lineno
+    return [row for _, row in rows]
+
+
+def read_source(path: str | Path) -> list[Entry]:
+    """Read a JSONL library source. Errors name the line; duplicate ids are refused."""
+    path = Path(path)
+    return _unique_ids(path, read_jsonl(path, parse_entry, what="source", items="entries"), lambda entry: entry.id)
+
+
+#: Optional query fields that kvgraft reads, each a string or null: the expected answer, the entry the
+#: query should route to (``null``: none), its kind (``repeat``, ``near-miss``...), tests for its code.
+QUERY_TEXT_FIELDS = ("answer", "expect_entry", "kind", "tests")
+
+
+def parse_query(obj: Any) -> dict[str, Any]:
+    """Validate one query object ``{"id", "question", "answer"?, "expect_entry"?, "kind"?, "tests"?, ...}``;
+    other fields are kept as they are. An empty question is allowed: it is answered by an error row."""
+    if not isinstance(obj, dict):
+        raise ValueError('expected {"id": str, "question": str, ...}')
+    check_text(obj.get("id"), "id")
+    if not isinstance(obj.get("question"), str):
+        raise ValueError("'question' must be a string")
+    for name in QUERY_TEXT_FIELDS:
+        if obj.get(name) is not None and not isinstance(obj[name], str):
+            raise ValueError(f"'{name}' must be a string or null, got {obj[name]!r}")
+    return obj
+
+
+def read_queries(path: str | Path) -> list[dict[str, Any]]:
+    """Read a queries JSONL file (one `parse_query` object a line): the format of ``kvgraft ask --queries``,
+    ``bench``, ``calibrate`` and ``demo``. Errors name the file and the line; duplicate ids are refused."""
+    path = Path(path)
+    return _unique_ids(path, read_jsonl(path, parse_query, what="queries", items="queries"), lambda row: str(row["id"]))
 
 
 # -- the in-process state cache -------------------------------------------------------------------------
 
 
-class BaseStateCache(ABC):
-    """Verified state bytes kept in memory under a byte budget (after llama-cpp-python's cache)."""
-
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-
-    @property
-    @abstractmethod
-    def cache_size(self) -> int:
-        """Bytes held now."""
-
-    @abstractmethod
-    def get(self, key: str) -> SavedState | None:
-        """The cached state for ``key``, or ``None``."""
-
-    @abstractmethod
-    def put(self, key: str, state: SavedState) -> None:
-        """Store ``state``, evicting least recently used entries to stay within budget."""
-
-    @abstractmethod
-    def discard(self, key: str) -> None:
-        """Forget ``key``."""
+class BaseStateCache(ByteLRU[SavedState]):
+    """Verified states kept in memory under a byte budget, keyed by `kvgraft_plugin._states.StateLoader.key`:
+    the `kvgraft_plugin._lru.ByteLRU` interface for `SavedState` values (after llama-cpp-python's cache)."""
 
 
-class RamStateCache(BaseStateCache):
-    """LRU of verified states in RAM. Thread-safe."""
+class RamStateCache(RamLRU[SavedState], BaseStateCache):
+    """LRU of verified states in RAM; a state larger than the whole budget is not kept. Thread-safe."""
 
     def __init__(self, capacity_bytes: int = 1 << 30) -> None:
-        super().__init__(capacity_bytes)
-        self._items: OrderedDict[str, SavedState] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-
-    @property
-    def cache_size(self) -> int:
-        """Bytes held now."""
-        return self._size
-
-    def get(self, key: str) -> SavedState | None:
-        """The cached state for ``key`` (marked most recently used), or ``None``."""
-        with self._lock:
-            state = self._items.get(key)
-            if state is not None:
-                self._items.move_to_end(key)
-            return state
-
-    def put(self, key: str, state: SavedState) -> None:
-        """Store ``state``; a state larger than the whole budget is not kept."""
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._size -= old.nbytes
-            if state.nbytes > self.capacity_bytes:
-                return
-            self._items[key] = state
-            self._size += state.nbytes
-            while self._size > self.capacity_bytes:
-                _, evicted = self._items.popitem(last=False)
-                self._size -= evicted.nbytes
-
-    def discard(self, key: str) -> None:
-        """Forget ``key``."""
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._size -= old.nbytes
+        super().__init__(capacity_bytes, size=lambda state: state.nbytes)
 
 
 # -- signing ----------------------------------------------------------------------------------------
@@ -410,13 +394,18 @@ class Library:
     trusted: bool = True
     """False when a key is configured and the signature is missing or wrong: nothing from it is used."""
     untrusted_reason: str = ""
-    remote: RemoteLibrary | None = field(default=None, repr=False, compare=False)
-    """For a library at a URL: the URL and its mirror (``path`` is then the mirror)."""
+    store: Store = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    """Where its files live (`kvgraft_plugin._store`): by default the folder ``path`` itself; for a library at
+    a URL, the URL mirrored in ``path``."""
+
+    def __post_init__(self) -> None:
+        if self.store is None:
+            self.store = FolderStore(self.path)
 
     @property
     def location(self) -> str:
         """Where the library lives: its URL, or its folder."""
-        return self.remote.url if self.remote is not None else str(self.path)
+        return self.store.location
 
     @classmethod
     def create(cls, path: str | Path) -> Library:
@@ -427,13 +416,12 @@ class Library:
     @classmethod
     def open_or_create(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Library:
         """The library at ``path`` (folder or URL), or an empty one there when it has no manifest yet."""
-        if is_url(path):
-            remote = RemoteLibrary(str(path), cache_dir=cache_dir)
-            library = cls._open_folder(remote.mirror, None) if remote.pull() else cls(remote.mirror)
-            library.remote = remote
-            library._warn_unrouted()
-            return library
-        return cls.open(path) if (Path(path) / MANIFEST).is_file() else cls.create(path)
+        store = open_store(path, cache_dir=cache_dir)
+        if not store.pull():
+            return cls(store.folder, store=store)
+        library = cls._open_folder(store, None)
+        library._warn_unrouted()
+        return library
 
     @classmethod
     def open(
@@ -450,13 +438,10 @@ class Library:
         A bad signature does not raise: the library is returned with ``trusted=False`` so that the
         engine can still decode plainly and report ``unsigned``.
         """
-        remote = None
-        if is_url(path):
-            remote = RemoteLibrary(str(path), cache_dir=cache_dir, budget_bytes=cache_bytes)
-            if not remote.pull():
-                raise LibraryError(f"{path} is not a kvgraft library (no {MANIFEST}); run `kvgraft build`")
-        library = cls._open_folder(remote.mirror if remote is not None else Path(path), key)
-        library.remote = remote
+        store = open_store(path, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        if not store.pull():
+            raise LibraryError(f"{store.location} is not a kvgraft library (no {MANIFEST}); run `kvgraft build`")
+        library = cls._open_folder(store, key)
         library._warn_unrouted()
         return library
 
@@ -482,7 +467,8 @@ class Library:
                 )
 
     @classmethod
-    def _open_folder(cls, path: Path, key: bytes | None) -> Library:
+    def _open_folder(cls, store: Store, key: bytes | None) -> Library:
+        path = store.folder
         manifest_path = path / MANIFEST
         try:
             raw = manifest_path.read_bytes()
@@ -516,10 +502,11 @@ class Library:
                 entries=entries,
                 trusted=trusted,
                 untrusted_reason=reason,
+                store=store,
             )
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             if not trusted:  # a tampered manifest under a key: refuse as unsigned, not as a crash
-                return cls(path, trusted=False, untrusted_reason=reason)
+                return cls(path, trusted=False, untrusted_reason=reason, store=store)
             raise LibraryError(f"{manifest_path} is corrupt: {exc}") from exc
         if not trusted:
             logger.warning("library %s refused: %s", path, reason)
@@ -561,39 +548,31 @@ class Library:
         signed = signature.is_file()
         if signed:
             signature.unlink()
-        if self.remote is not None:  # the manifest goes last: every file it names is uploaded already
-            self.remote.upload(MANIFEST)
-            if signed:
-                self.remote.delete(SIGNATURE)
+        self.store.publish(MANIFEST)  # the manifest goes last: every file it names is published already
         if signed:
+            self.store.delete(SIGNATURE)
             logger.warning("%s changed: its signature was removed; sign it again (kvgraft sign)", self.location)
         return True
 
     def publish(self, rel: str) -> None:
         """Make the file ``rel`` (a state or the index, just written) durable where the library lives: a
         no-op for a folder, an upload for a URL. Call it before the `save` that names the file."""
-        if self.remote is not None:
-            self.remote.upload(rel)
+        self.store.publish(rel)
 
     def remove(self, rel: str) -> None:
         """Delete the file ``rel`` from the library (and its URL)."""
-        (self.path / rel).unlink(missing_ok=True)
-        if self.remote is not None:
-            self.remote.delete(rel)
+        self.store.delete(rel)
 
     def has_state(self, record: EntryRecord) -> bool:
         """Whether ``record``'s state file exists (in the folder, or at the URL); a symlink or a special file
         in its place does not count, so that a build replaces it."""
-        if is_regular_file(self.path / record.state_file):
-            return True
-        return self.remote is not None and self.remote.exists(record.state_file)
+        return self.store.exists(record.state_file)
 
     def sign(self, key: bytes) -> Path:
         """Write ``manifest.sig``: HMAC-SHA256 of the manifest bytes (entries, hashes, index)."""
         sig_path = self.path / SIGNATURE
         atomic_write(sig_path, _hmac(key, (self.path / MANIFEST).read_bytes()) + "\n")
-        if self.remote is not None:
-            self.remote.upload(SIGNATURE)
+        self.store.publish(SIGNATURE)
         return sig_path
 
     @contextmanager
@@ -619,51 +598,20 @@ class Library:
         except KeyError:
             raise EntryNotFoundError(f"no entry {entry_id!r} in {self.location}") from None
 
-    def cache_key(self, record: EntryRecord) -> str:
-        """Key of ``record``'s verified state in a `BaseStateCache`."""
-        return f"{self.path.resolve()}::{record.id}::{record.state_digest}"
-
-    def load_state(
-        self,
-        record: EntryRecord,
-        runtime_fingerprint: Mapping[str, Any],
-        cache: BaseStateCache | None = None,
-        validate: Callable[[SavedState], None] | None = None,
-    ) -> SavedState:
-        """Return ``record``'s state, checked before its first use in this process.
-
-        Order of checks: fidelity flag, fingerprint (from the manifest, before any read), file
-        digest against the manifest, header fields against the manifest, then ``validate`` (the
-        backend's structural check of the payload). Any failure raises a
-        `StateError` whose ``reason`` is the fallback code; nothing unchecked reaches llama.cpp.
+    def read_state(self, record: EntryRecord, runtime_fingerprint: Mapping[str, Any]) -> SavedState:
+        """Read ``record``'s state file and check it is the one the manifest names: its digest, then its
+        header against the manifest and ``runtime_fingerprint``. A failure raises a `StateError` whose
+        ``reason`` is the fallback code. Whether the state may serve a runtime, and its payload's
+        structure, are `kvgraft_plugin._states.StateLoader`'s to check (before this read).
         """
-        if record.fidelity != "exact":
-            raise InexactStateError(
-                f"entry {record.id!r} failed its bitwise restore check at build (max diff {record.fidelity_max_diff})"
-            )
-        if record.fingerprint_sha256 != fingerprint_sha256(runtime_fingerprint):
-            check_fingerprint(self.fingerprint, runtime_fingerprint)  # names the differing settings
-            raise IncompatibleStateError(f"entry {record.id!r} was built under another configuration")
-        key = self.cache_key(record)
-        if cache is not None and (hit := cache.get(key)) is not None:
-            return hit
-        path = self.path / record.state_file
-        if self.remote is not None:
-            self.remote.ensure(record.state_file)  # FileNotFoundError -> "missing"
-        buf = read_file(path)  # FileNotFoundError -> "missing"
+        self.store.ensure(record.state_file)  # FileNotFoundError -> "missing"
+        buf = read_file(self.path / record.state_file)  # FileNotFoundError -> "missing"
         try:
             state = decode_state(buf, expected_digest=record.state_digest)
         except IntegrityError:
-            if self.remote is not None:
-                path.unlink(missing_ok=True)  # a damaged download is fetched again next time
+            self.store.discard(record.state_file)  # a damaged download is fetched again next time
             raise
         check_fingerprint(state.fingerprint, runtime_fingerprint)
         if state.entry_id != record.id or state.tokens != record.tokens:
             raise IntegrityError(f"state file {record.state_file} does not belong to entry {record.id!r}")
-        if source_sha256(record.entry) != record.source_sha256:
-            raise IntegrityError(f"the text of entry {record.id!r} changed after its state was built")
-        if validate is not None:
-            validate(state)
-        if cache is not None:
-            cache.put(key, state)
         return state

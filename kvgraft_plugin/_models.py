@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,9 +38,11 @@ __all__ = [
     "bundled_model_path",
     "default_cache_dir",
     "file_sha256",
+    "model_for",
     "model_name_of",
     "model_status",
     "pull",
+    "remembered_model_path",
     "resolve_model",
 ]
 
@@ -215,6 +217,21 @@ def resolve_model(model: str | Path, *, cache_dir: Path | None = None) -> Path:
     if not path.is_file():
         raise ModelError(f"no model file {str(model)!r}, and no known model of that name ({', '.join(CATALOGUE)})")
     return path
+
+
+def remembered_model_path(model: Mapping[str, Any]) -> Path | None:
+    """The model a library was built with (its manifest's ``model`` record), on this machine."""
+    if name := model.get("name") or model.get("bundled"):
+        return resolve_model(name)
+    return Path(model["path"]) if model.get("path") else None
+
+
+def model_for(configured: str | Path | None, library_model: Mapping[str, Any] | None) -> Path:
+    """The GGUF an engine loads: the configured name or path, else the library's model, else the bundled one."""
+    if configured:
+        return resolve_model(configured)
+    remembered = remembered_model_path(library_model) if library_model is not None else None
+    return remembered or bundled_model_path()
 
 
 def model_name_of(path: Path, *, cache_dir: Path | None = None) -> str | None:

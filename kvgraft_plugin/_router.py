@@ -3,7 +3,8 @@
 A graft is right only when the query asks **the same problem** as the entry; a similar problem with
 another answer must not graft (it would copy the entry's verified answer, fast and wrong). Cosine
 similarity alone cannot tell them apart, so each candidate above the threshold goes through small named
-guards, in order; the first refusal ends that candidate. Candidates are tried best first.
+guards, in order, then the score margin (if set) and the user's hook; the first refusal ends that candidate.
+Candidates are tried best first.
 
 A guard is a function ``(Candidate) -> str | None``: ``None`` passes, a string is why it refused.
 The router needs no LLM; the engine owns the model and runs any model-based check itself.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,8 @@ class Candidate:
     entry: Entry
     score: float
     runner_up: float | None
-    """Score of the best *other* entry, for the margin guard."""
+    """Score of the best *other* entry that no guard has ruled out (``None``: there is none), for the
+    margin: a later candidate is not held to the better ones that asked another problem."""
 
     @property
     def query(self) -> Signature:
@@ -191,7 +193,7 @@ def code_guard(c: Candidate) -> str | None:
     return None
 
 
-#: The structural guards, in the order they run (after threshold and margin).
+#: The structural guards, in the order they run (after the threshold; the margin and the hook run after them).
 DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
     ("script", script_guard),
     ("numbers", numbers_guard),
@@ -226,7 +228,8 @@ class Router:
         search: (vector, k) -> ``[(entry_id, score), ...]`` best first (the library's index).
         entries: entry id -> `Entry`.
         threshold: minimum cosine similarity for a candidate.
-        margin: minimum gap between a candidate's score and the best other entry's (0 disables it).
+        margin: minimum gap between a candidate's score and the best other entry's that no guard ruled out
+            (0 disables it): the question must be nearer to it than to any rival it might be confused with.
         neighbors: how many neighbours are considered.
         guards: structural guards, run in order on each candidate (`DEFAULT_GUARDS`; ``()`` disables them).
         match_check: optional user hook ``(question, entry, score) -> bool``, run last.
@@ -251,58 +254,86 @@ class Router:
 
     def route(self, question: str) -> Match | NoMatch:
         """The first candidate, best first, that clears the threshold, the margin and every guard."""
-        t0 = time.perf_counter()
-        vector = self._embed([question])[0]
-        t1 = time.perf_counter()
-        hits = list(self._search(vector, max(self.neighbors, 2)))
-        phases = {"embed": (t1 - t0) * 1e3, "search": (time.perf_counter() - t1) * 1e3}
-        if not hits:
-            return NoMatch("the library is empty", phases_ms=phases)
+        hits, phases, empty = self._candidates(question)
+        if empty is not None:
+            return NoMatch(empty, phases_ms=phases)
         trail: list[GuardVerdict] = []
+        best_id, best = hits[0]
+        if best < self.threshold:
+            reason = f"best score {best:.3f} < threshold {self.threshold:.3f}"
+            trail.append(GuardVerdict("threshold", best_id, False, reason))
+            return NoMatch(reason, best, tuple(trail), phases)
+        above = [hit for hit in hits[: self.neighbors] if hit[1] >= self.threshold]  # a prefix: best first
         first_refusal: str | None = None
-        hits = [(entry_id, score) for entry_id, score in hits if entry_id in self._entries]  # mid-prune
-        if not hits:
-            return NoMatch("the index lists no entry of the manifest", phases_ms=phases)
-        for i, (entry_id, score) in enumerate(hits[: self.neighbors]):
-            if score < self.threshold:
-                if i == 0:
-                    reason = f"best score {score:.3f} < threshold {self.threshold:.3f}"
-                    trail.append(GuardVerdict("threshold", entry_id, False, reason))
-                    return NoMatch(reason, hits[0][1], tuple(trail), phases)
-                break
-            runner_up = next((s for other, s in hits if other != entry_id), None)
-            candidate = Candidate(question, self._entries[entry_id], score, runner_up)
-            refusal = self._check(candidate, trail)
+        for entry_id, score, refusal in self._judge(question, above, hits, trail):
             if refusal is None:
                 return Match(entry_id, score, tuple(trail), phases)
             first_refusal = first_refusal or f"{entry_id} (score {score:.3f}): {refusal}"
-        return NoMatch(first_refusal or "no candidate", hits[0][1], tuple(trail), phases)
+        return NoMatch(first_refusal or "no candidate", best, tuple(trail), phases)
 
     def explain(self, question: str) -> list[tuple[str, float, str | None]]:
         """Every one of the ``neighbors`` neighbours with its score and what the guards said (``None``: passed),
         ignoring the threshold. `route` takes the first that passes and clears the threshold."""
-        hits = list(self._search(self._embed([question])[0], max(self.neighbors, 2)))
-        out = []
-        for entry_id, score in hits[: self.neighbors]:
-            runner_up = next((s for other, s in hits if other != entry_id), None)
-            candidate = Candidate(question, self._entries[entry_id], score, runner_up)
-            out.append((entry_id, score, self._check(candidate, [])))
-        return out
+        hits, _, _ = self._candidates(question)
+        return list(self._judge(question, hits[: self.neighbors], hits, []))
 
-    def _check(self, c: Candidate, trail: list[GuardVerdict]) -> str | None:
-        """Run threshold, margin, the guards and the user hook; record each verdict; return the refusal."""
+    def _candidates(self, question: str) -> tuple[list[tuple[str, float]], dict[str, float], str | None]:
+        """The index's neighbours of ``question`` that the manifest lists (an index read mid-prune may name
+        entries it no longer has), best first, the phases' times, and why there are none (``None``: some).
+
+        One more neighbour than ``neighbors`` is fetched, so that the last candidate has a runner-up too."""
+        t0 = time.perf_counter()
+        vector = self._embed([question])[0]
+        t1 = time.perf_counter()
+        hits = list(self._search(vector, self.neighbors + 1))
+        phases = {"embed": (t1 - t0) * 1e3, "search": (time.perf_counter() - t1) * 1e3}
+        if not hits:
+            return [], phases, "the library is empty"
+        hits = [(entry_id, score) for entry_id, score in hits if entry_id in self._entries]
+        if not hits:
+            return [], phases, "the index lists no entry of the manifest"
+        return hits, phases, None
+
+    def _judge(
+        self,
+        question: str,
+        candidates: Sequence[tuple[str, float]],
+        hits: Sequence[tuple[str, float]],
+        trail: list[GuardVerdict],
+    ) -> Iterator[tuple[str, float, str | None]]:
+        """Each of ``candidates`` (best first, from ``hits``) with its refusal (``None``: it passed), lazily:
+        `route` stops at the first that passes.
+
+        The margin asks whether the question is nearer to the candidate than to any rival it might be
+        confused with; its runner-up is the best other hit that no guard ruled out. The first candidate's is
+        the second hit. A candidate refused by a guard or by ``match_check`` asks another problem, so it is
+        no rival of the ones after it: the next one is held to the hit below it. A candidate that passed the
+        guards but not the margin is still a rival: the next one is held to it, and refused too (of two
+        near-equal entries that both pass, grafting the further one would be no answer to the ambiguity)."""
+        ruled_out: set[str] = set()
+        for entry_id, score in candidates:
+            runner_up = next((s for other, s in hits if other != entry_id and other not in ruled_out), None)
+            refused = self._check(Candidate(question, self._entries[entry_id], score, runner_up), trail)
+            if refused is not None and refused.guard != "margin":
+                ruled_out.add(entry_id)
+            yield entry_id, score, refused.reason if refused is not None else None
+
+    def _check(self, c: Candidate, trail: list[GuardVerdict]) -> GuardVerdict | None:
+        """Run the guards, the margin and the user hook; record each verdict; return the refusal.
+
+        The margin runs after the guards: whether a better hit is a rival at all is known only once the
+        guards have judged it (`_judge`), and a guard's reason says more than a score gap."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
-        if self.margin > 0 and c.runner_up is not None and c.score - c.runner_up < self.margin:
-            refusal = f"within margin {self.margin} of another entry ({c.score:.3f} vs {c.runner_up:.3f})"
-            trail.append(GuardVerdict("margin", c.entry.id, False, refusal))
-            return refusal
         for name, guard in self.guards:
             reason = guard(c)
             trail.append(GuardVerdict(name, c.entry.id, reason is None, reason))
             if reason is not None:
-                return reason
+                return trail[-1]
+        if self.margin > 0 and c.runner_up is not None and c.score - c.runner_up < self.margin:
+            refusal = f"within margin {self.margin} of another entry ({c.score:.3f} vs {c.runner_up:.3f})"
+            trail.append(GuardVerdict("margin", c.entry.id, False, refusal))
+            return trail[-1]
         if self.match_check is not None and not self.match_check(c.question, c.entry, c.score):
-            reason = "refused by match_check"
-            trail.append(GuardVerdict("match_check", c.entry.id, False, reason))
-            return reason
+            trail.append(GuardVerdict("match_check", c.entry.id, False, "refused by match_check"))
+            return trail[-1]
         return None

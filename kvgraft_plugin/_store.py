@@ -1,14 +1,22 @@
-"""A library at an fsspec URL (``s3://``, ``gs://``, ``file://``, ...), read and written through a local
-mirror.
+"""Where a library's files live: one interface, `Store`, and two implementations.
 
-Reading: `RemoteLibrary.pull` downloads the manifest and its signature on every open, and the index when
-the manifest names one the mirror lacks; a state file is fetched on its first use (`ensure`) and kept in
-the mirror, least recently used out first past ``budget_bytes``. The mirror is a cache and is trusted no
-more than the bucket: every file in it is checked exactly as a local library's is (digests in the
-manifest, fingerprint, signature), and a file that fails its check is dropped so that the next use
-fetches it again.
+- `FolderStore`: a local folder. The folder is the library; most methods have nothing to do.
+- `UrlStore`: an fsspec URL (``s3://``, ``gs://``, ``file://``, ...), read and written through a local
+  mirror.
 
-Writing: a build writes into the mirror as into a local folder and uploads each state as soon as it is
+`kvgraft_plugin._library.Library` reads and writes every file in the store's local ``folder`` and calls the
+store around that: `Store.pull` on open, `Store.ensure` before reading a state, `Store.discard` for a state
+that failed its checks, `Store.publish` after writing a file, `Store.delete` to remove one. It never asks
+which store it holds.
+
+A URL, reading: `UrlStore.pull` downloads the manifest and its signature on every open, and the index when
+the manifest names one the mirror lacks; a state file is fetched on its first use (`UrlStore.ensure`) and
+kept in the mirror, least recently used out first past ``budget_bytes`` (`kvgraft_plugin._lru.FileLRU`).
+The mirror is a cache and is trusted no more than the bucket: every file in it is checked exactly as a local
+library's is (digests in the manifest, fingerprint, signature), and a file that fails its check is dropped
+so that the next use fetches it again.
+
+A URL, writing: a build writes into the mirror as into a local folder and uploads each state as soon as it is
 written, then the index, and the manifest last (`Library.save`). A reader of the URL therefore sees a
 manifest whose every state and index is already there: the previous library, or the new one, never a
 half-written one. A killed build leaves the last manifest it uploaded, which names only finished entries,
@@ -25,19 +33,32 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 from ._exceptions import ConfigError, StorageError
+from ._lru import FileLRU
+from ._paths import cache_root
 from ._state import atomic_write, is_regular_file
 
-__all__ = ["DEFAULT_REMOTE_CACHE_BYTES", "RemoteLibrary", "default_cache_dir", "is_url"]
+__all__ = [
+    "DEFAULT_REMOTE_CACHE_BYTES",
+    "FolderStore",
+    "Store",
+    "UrlStore",
+    "default_cache_dir",
+    "is_url",
+    "open_store",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Byte budget of the states kept in a remote library's mirror.
 DEFAULT_REMOTE_CACHE_BYTES = 4 << 30
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
 
 
 def is_url(location: str | Path) -> bool:
@@ -46,12 +67,82 @@ def is_url(location: str | Path) -> bool:
 
 
 def default_cache_dir() -> Path:
-    """Where remote libraries are mirrored: ``$XDG_CACHE_HOME/kvgraft/libraries`` (``~/.cache/...``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kvgraft" / "libraries"
+    """Where remote libraries are mirrored: ``libraries/`` under `kvgraft_plugin._paths.cache_root`."""
+    return cache_root() / "libraries"
 
 
-class RemoteLibrary:
+class Store(ABC):
+    """Where a library's files live, seen through the local folder ``folder``. ``rel`` is always a path
+    relative to the library (``manifest.json``, ``states/<id>.kvg``, ``index-<sha>.faiss``)."""
+
+    folder: Path
+    """The local folder the library is read and written in: the library itself, or a URL's mirror."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the library lives, for messages: its folder or its URL."""
+
+    @abstractmethod
+    def pull(self) -> bool:
+        """Bring ``folder`` up to date (manifest, signature, index); False when there is no manifest."""
+
+    @abstractmethod
+    def ensure(self, rel: str) -> None:
+        """Have ``rel`` in ``folder`` before it is read (`FileNotFoundError` when the store lacks it)."""
+
+    @abstractmethod
+    def exists(self, rel: str) -> bool:
+        """Whether the store holds ``rel`` as a file of its own (a symlink or a special file does not count)."""
+
+    @abstractmethod
+    def publish(self, rel: str) -> None:
+        """Make ``rel``, just written in ``folder``, durable where the library lives."""
+
+    @abstractmethod
+    def delete(self, rel: str) -> None:
+        """Remove ``rel`` from the library, if there."""
+
+    @abstractmethod
+    def discard(self, rel: str) -> None:
+        """Drop a local copy of ``rel`` that failed its checks, so that the next `ensure` fetches it again;
+        a folder's own file is the library's, and stays for ``kvgraft verify --repair`` to see."""
+
+
+class FolderStore(Store):
+    """A library in a local folder: reads and writes are plain file operations in it."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    @property
+    def location(self) -> str:
+        """The folder."""
+        return str(self.folder)
+
+    def pull(self) -> bool:
+        """Whether the folder holds a manifest (nothing to fetch)."""
+        return (self.folder / MANIFEST).is_file()
+
+    def ensure(self, rel: str) -> None:
+        """Nothing to do: reading the file raises `FileNotFoundError` when it is absent."""
+
+    def exists(self, rel: str) -> bool:
+        """Whether ``rel`` is a regular file in the folder."""
+        return is_regular_file(self.folder / rel)
+
+    def publish(self, rel: str) -> None:
+        """Nothing to do: the file is written in the library already."""
+
+    def delete(self, rel: str) -> None:
+        """Delete the file."""
+        (self.folder / rel).unlink(missing_ok=True)
+
+    def discard(self, rel: str) -> None:
+        """Nothing to do: the file is the library's own, not a copy."""
+
+
+class UrlStore(Store):
     """One library URL and its local mirror. Not thread-safe on its own: the engine's worker uses it."""
 
     def __init__(
@@ -63,18 +154,23 @@ class RemoteLibrary:
             raise ImportError("a library URL needs fsspec: pip install fsspec (and s3fs for s3://)") from exc
         self.url = url.rstrip("/")
         try:
-            self.fs, self.root = url_to_fs(self.url)
+            self.fs, self._prefix = url_to_fs(self.url)
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"cannot open {self.url}: {exc}") from exc
         except Exception as exc:  # a backend's own error (credentials, configuration): one line, chained
             raise self._error("open", "", exc) from exc
         digest = hashlib.sha256(self.url.encode("utf-8")).hexdigest()[:20]
-        self.mirror = Path(cache_dir or default_cache_dir()) / digest
-        """The local folder that stands for the URL."""
-        self.budget_bytes = budget_bytes
+        self.folder = Path(cache_dir or default_cache_dir()) / digest
+        self.states = FileLRU(self.folder, budget_bytes)
+        """The fetched states, least recently used out first past ``budget_bytes``."""
+
+    @property
+    def location(self) -> str:
+        """The URL."""
+        return self.url
 
     def _key(self, rel: str) -> str:
-        return f"{self.root}/{rel}"
+        return f"{self._prefix}/{rel}"
 
     def _error(self, action: str, rel: str, exc: BaseException) -> StorageError:
         """``exc`` from the storage backend as one line that names the object (chain it with ``from``)."""
@@ -98,23 +194,23 @@ class RemoteLibrary:
 
         An index that the manifest names and the URL lacks is not fetched: it is reported, with what to do,
         when routing loads it (`kvgraft_plugin._index.VectorIndex.load`), and plain decoding still works."""
-        self.mirror.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
         try:
             self.fs.invalidate_cache()  # fsspec may have listed the URL before another writer changed it
         except Exception as exc:
             raise self._error("list", "", exc) from exc
-        for name in ("manifest.json", "manifest.sig"):
+        for name in (MANIFEST, SIGNATURE):
             data = self._get(name)
             if data is None:
-                (self.mirror / name).unlink(missing_ok=True)
+                (self.folder / name).unlink(missing_ok=True)
             else:
-                atomic_write(self.mirror / name, data)
-        if not (self.mirror / "manifest.json").is_file():
+                atomic_write(self.folder / name, data)
+        if not (self.folder / MANIFEST).is_file():
             return False
-        index = _index_file(self.mirror / "manifest.json")
-        if index is not None and not is_regular_file(self.mirror / index):
+        index = _index_file(self.folder / MANIFEST)
+        if index is not None and not is_regular_file(self.folder / index):
             try:
-                self.fetch(index)
+                self._fetch(index)
             except FileNotFoundError:  # said once, with what to do, when routing loads it
                 logger.info(
                     "%s names the index %s, which is not there: it cannot route until the index is rebuilt "
@@ -125,45 +221,33 @@ class RemoteLibrary:
                 )
         return True
 
-    def fetch(self, rel: str) -> None:
+    def _fetch(self, rel: str) -> Path:
         """Download ``rel`` into the mirror (`FileNotFoundError` when the URL lacks it)."""
         data = self._get(rel)
         if data is None:
             raise FileNotFoundError(f"{self.url}/{rel}")
-        atomic_write(self.mirror / rel, data)
+        local = self.folder / rel
+        atomic_write(local, data)
         logger.info("fetched %s/%s (%d bytes)", self.url, rel, len(data))
+        return local
 
     def ensure(self, rel: str) -> None:
         """Have the state file ``rel`` in the mirror: fetch it if absent, then keep the mirror in budget."""
-        local = self.mirror / rel
-        if is_regular_file(local):  # a symlink or a special file is fetched over, never followed
-            os.utime(local)  # most recently used
-            return
-        self.fetch(rel)
-        self.evict(keep=local)
-
-    def evict(self, *, keep: Path | None = None) -> None:
-        """Delete the least recently used states until the mirror's states fit the budget."""
-        # lstat: a link (dangling or not) in the mirror is measured and removed, never followed
-        files = sorted((self.mirror / "states").glob("*.kvg"), key=lambda p: p.lstat().st_mtime)
-        total = sum(p.lstat().st_size for p in files)
-        for path in files:
-            if total <= self.budget_bytes:
-                break
-            if path != keep:
-                total -= path.lstat().st_size
-                path.unlink(missing_ok=True)
+        if self.states.get(rel) is None:  # a symlink or a special file is fetched over, never followed
+            self.states.put(rel, self._fetch(rel))
 
     def exists(self, rel: str) -> bool:
-        """Whether the URL holds ``rel``."""
+        """Whether the mirror (a regular file there) or else the URL holds ``rel``."""
+        if is_regular_file(self.folder / rel):
+            return True
         try:
             return bool(self.fs.exists(self._key(rel)))
         except Exception as exc:
             raise self._error("look up", rel, exc) from exc
 
-    def upload(self, rel: str) -> None:
+    def publish(self, rel: str) -> None:
         """Copy the mirror's ``rel`` to the URL (one object write: readers see the old or the new bytes)."""
-        data = (self.mirror / rel).read_bytes()
+        data = (self.folder / rel).read_bytes()
         try:
             self.fs.pipe_file(self._key(rel), data)
         except Exception as exc:
@@ -171,13 +255,27 @@ class RemoteLibrary:
 
     def delete(self, rel: str) -> None:
         """Remove ``rel`` from the URL and the mirror, if there."""
-        (self.mirror / rel).unlink(missing_ok=True)
+        (self.folder / rel).unlink(missing_ok=True)
         try:
             self.fs.rm_file(self._key(rel))
         except FileNotFoundError:
             pass
         except Exception as exc:
             raise self._error("delete", rel, exc) from exc
+
+    def discard(self, rel: str) -> None:
+        """Delete the mirror's copy of ``rel`` (a damaged download is fetched again next time)."""
+        self.states.discard(rel)
+
+
+def open_store(
+    location: str | Path, *, cache_dir: str | Path | None = None, cache_bytes: int = DEFAULT_REMOTE_CACHE_BYTES
+) -> Store:
+    """The store of ``location``: a `UrlStore` for an fsspec URL (mirrored under ``cache_dir``, its states
+    kept within ``cache_bytes``), else a `FolderStore`."""
+    if is_url(location):
+        return UrlStore(str(location), cache_dir=cache_dir, budget_bytes=cache_bytes)
+    return FolderStore(location)
 
 
 def _index_file(manifest: Path) -> str | None:

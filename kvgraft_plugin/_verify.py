@@ -57,12 +57,7 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
             path = library.path / record.state_file
             if path.is_file() and hashlib.sha256(read_file(path)).hexdigest() != record.state_sha256:
                 raise StateError("state file does not match its sha256 in the manifest")
-            state = library.load_state(
-                record,
-                engine.fingerprint,
-                None,
-                lambda state: engine.validate_state(state, record),  # noqa: B023
-            )
+            state = engine.load_state(record, cached=False)
             if fidelity:
                 diff = _fidelity(engine, list(record.tokens), state.payload, record.entry)
                 if diff is not None:
@@ -78,7 +73,7 @@ def verify_library(engine: GraftEngine, *, fidelity: bool = False, repair: bool 
             library.entries[record.id] = rebuilt
             library.fingerprint = engine.fingerprint
             library.save()
-            engine.state_cache.discard(library.cache_key(record))
+            engine.forget_state(record)
             row.repaired = True
         rows.append(row)
     rows.append(_verify_index(engine, repair=repair))
@@ -94,7 +89,7 @@ def _verify_index(engine: GraftEngine, *, repair: bool) -> VerifyRow:
     assert library is not None
     reason = None
     try:
-        index = engine.index
+        index = engine.routing.index
         if index is None or set(index.ids) != set(library.entries):
             raise LibraryError("the index does not list exactly the manifest's entries")
         expected = engine.embed([library.entries[i].entry.problem for i in index.ids])
@@ -109,7 +104,7 @@ def _verify_index(engine: GraftEngine, *, repair: bool) -> VerifyRow:
         return VerifyRow("(index)", False, reason)
     _update_index(library, engine, None, rebuild_all=True)
     library.save()
-    engine.reload_index()
+    engine.routing.reload()
     return VerifyRow("(index)", False, reason, repaired=True)
 
 

@@ -297,8 +297,9 @@ def build(
     from tqdm import tqdm
 
     from ._build import build_library
-    from ._engine import GraftEngine, remembered_model_path
+    from ._engine import GraftEngine
     from ._library import Library, read_source
+    from ._models import remembered_model_path
     from ._template import auto_format
 
     entries = read_source(source)
@@ -353,26 +354,13 @@ def build(
 
 
 def _read_queries(path: str) -> list[dict[str, Any]]:
-    """Every query of a JSONL file; a malformed line fails the whole file, naming the line."""
-    from ._library import check_text, loads_json
+    """Every query of a JSONL file (`kvgraft_plugin._library.read_queries`), or one clean error line."""
+    from ._library import read_queries
 
-    rows = []
-    for lineno, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = loads_json(line.decode("utf-8"))
-            if not isinstance(row, dict):
-                raise ValueError('expected {"id": str, "question": str, ...}')
-            check_text(row.get("id"), "id")
-            if not isinstance(row.get("question"), str):  # an empty question is answered by an error row
-                raise ValueError("'question' must be a string")
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise _fail(SourceError(f"{path}:{lineno}: {exc}")) from exc
-        rows.append(row)
-    if not rows:
-        raise _fail(SourceError(f"{path}: no queries"))
-    return rows
+    try:
+        return read_queries(path)
+    except SourceError as exc:
+        raise _fail(exc) from exc
 
 
 @main.command()

@@ -51,7 +51,7 @@ def test_a_library_on_a_tiny_model_grafts_as_text_rag(arch, tmp_path):
             auto = engine.ask(entry.problem, max_tokens=12, stop=[])
             assert (graft.route, graft.fallback_reason, auto.route) == ("graft", None, "graft")
             assert graft.text == text_rag.text == auto.text and graft.restored_tokens > 0
-            state = engine.library.load_state(engine.library.get(entry.id), engine.fingerprint, engine.state_cache)
+            state = engine.load_state(engine.library.get(entry.id))
             info = inspect_seq_state(state.payload, layout)
             assert info.n_tokens == len(state.tokens) and bool(info.recurrent_types) == (arch == "mamba")
 

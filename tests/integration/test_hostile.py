@@ -333,7 +333,7 @@ def test_an_unknown_entry_and_an_empty_question_fail_before_the_model_loads(buil
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(engine_module, "LlamaBackend", no_model)
+    monkeypatch.setattr(engine_module, "_load_backend", no_model)
     result = cli("ask", "--library", built, "--entry", "nope", "What is 17 times 23?")
     assert result.exit_code == 1 and "no entry 'nope'" in result.output
     result = cli("ask", "--library", built, "\u200b ")

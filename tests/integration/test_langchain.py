@@ -64,7 +64,7 @@ class TestKVGraftRetriever(RetrieversIntegrationTests):
 
     @property
     def retriever_constructor_params(self) -> dict:
-        return {"library": LIB["path"]}
+        return params()  # the chat models' settings: the same pooled engine serves the retriever
 
     @property
     def retriever_query_example(self) -> str:
@@ -83,6 +83,40 @@ def test_instances_share_one_engine(engine):
     routed = ChatKVGraft(**params(), threshold=0.99, margin=0.1, neighbors=2, guards=False, top_k=40, top_p=0.9)
     assert routed._get_engine() is engine
     assert ChatKVGraft(engine=engine)._get_engine() is engine
+
+
+def test_the_retriever_shares_the_chat_models_engine(engine):
+    retriever = KVGraftRetriever(**params(), k=2)
+    assert retriever._get_engine() is engine
+    docs = retriever.invoke("What is 17 times 23?")
+    assert docs[0].metadata["entry_id"] == "mul-17x23" and docs[0].page_content.startswith("Problem: What is 17")
+    assert len(docs) == 2
+
+
+def test_a_library_with_pinned_settings_grafts_through_langchain(tmp_path_factory, gemma_path, example_entries):
+    """The engine adopts the library's pinned llama settings that an instance leaves unset: a library built
+    with n_batch=n_ubatch=256 grafts (given a config of defaults, the engine used n_batch=512 and fell back to text
+    RAG, "incompatible", on every call)."""
+    from kvgraft_plugin._build import build_library
+
+    path = tmp_path_factory.mktemp("pinned") / "library"
+    with GraftEngine(None, model_path=str(gemma_path), n_threads=2, n_batch=256, n_ubatch=256) as builder:
+        build_library(path, [e for e in example_entries if e.id == "mul-17x23"], engine=builder)
+    settings = {"library": str(path), "model_path": str(gemma_path), "n_threads": 2}
+    chat, llm = ChatKVGraft(**settings), KVGraftLLM(**settings)
+    try:
+        assert llm._get_engine() is chat._get_engine()
+        llama = chat._get_engine().config.llama
+        assert (llama.n_batch, llama.n_ubatch) == (256, 256)
+        message = chat.invoke("What is 17 times 23?")
+        meta = message.response_metadata
+        assert (meta["route"], meta["entry_id"], meta["fallback_reason"]) == ("graft", "mul-17x23", None)
+        assert message.content == "391" and meta["restored_tokens"] > 0
+        info = llm.generate(["What is 17 times 23?"]).generations[0][0].generation_info
+        assert info["route"] == "graft" and info["fallback_reason"] is None
+    finally:
+        chat.release()
+        llm.release()
 
 
 def test_routing_settings_apply_per_request(engine):

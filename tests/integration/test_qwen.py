@@ -116,7 +116,7 @@ def test_the_library_is_exact_and_remembers_the_model_by_name(qwen, qwen_library
 @pytest.mark.parametrize("entry", [RLE, BOIL], ids=lambda e: e.id)
 def test_graft_equals_text_rag_bitwise(qwen, entry):
     record = qwen.library.get(entry.id)
-    state = qwen.library.load_state(record, qwen.fingerprint)
+    state = qwen.load_state(record)
     # restore + the query suffix against a fresh prefill of the prefix + the same suffix: logits array_equal
     assert qwen.restore_diff(list(record.tokens), state.payload, qwen.probe_tokens(entry)) == 0.0
     graft = qwen.ask(entry.problem, mode="graft", max_tokens=200)

@@ -37,7 +37,7 @@ def engine(small_library, gemma_path):
 def test_covered_queries_graft_onto_the_right_entry(engine, question, entry_id):
     result = engine.ask(question, max_tokens=8)
     assert (result.route, result.entry_id, result.fallback_reason) == ("graft", entry_id, None)
-    assert result.score is not None and result.score >= engine.threshold
+    assert result.score is not None and result.score >= engine.routing.threshold(engine.config)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +173,7 @@ def test_hnsw_index_routes_like_flat(gemma, example_entries, tmp_path):
     build_library(tmp_path / "lib", entries, engine=gemma, index_kind="hnsw")
     assert Library.open(tmp_path / "lib").index["kind"] == "hnsw"
     with GraftEngine(tmp_path / "lib", model_path=str(gemma.backend.model_path), n_threads=2) as engine:
-        assert engine.index.kind == "hnsw"
+        assert engine.routing.index.kind == "hnsw"
         assert engine.ask("Compute 17 multiplied by 23.", max_tokens=6).entry_id == "mul-17x23"
         assert engine.ask("What is the capital of France?", max_tokens=2).route == "plain"
 

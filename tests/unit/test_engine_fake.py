@@ -21,6 +21,7 @@ from kvgraft_plugin import (
     NoMatchError,
     SamplingParams,
 )
+from kvgraft_plugin._exceptions import IntegrityError
 from kvgraft_plugin._state import StateLayout
 
 EOG, BOS = 256, 257
@@ -52,6 +53,13 @@ class ScriptedBackend:
 
     def device(self) -> str:
         return "cpu"
+
+    def runtime_facts(self) -> dict:
+        return {"llama_cpp_python": "fake", "system_info": "", "tiled_matmul": False, "arch": "fake", "device": "cpu"}
+
+    def check_state(self, payload, n_tokens: int) -> None:
+        if int.from_bytes(bytes(payload[:4]), "little") != n_tokens:
+            raise IntegrityError(f"state holds another number of positions than {n_tokens}")
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
         return [BOS] * add_bos + list(text.encode())
@@ -304,7 +312,7 @@ def test_lookup_keeps_the_budget_and_the_context_limit(make):
 
 def test_lookup_is_step_decoding_where_batches_are_not_proven(make, monkeypatch):
     engine, _ = make("abab\n", decode="lookup")
-    engine._lookup_batch_size = 1  # what a build whose batches differ from steps measures
+    engine._lookup._max_batch = 1  # what a build whose batches differ from steps measures
     result = engine.ask("abababab", stop=["\n"])
     assert (result.text, result.decode) == ("abab", "step")
     assert any("lookup decoding not used" in note for note in result.notes)

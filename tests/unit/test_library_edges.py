@@ -192,7 +192,7 @@ def test_an_unreachable_bucket_is_one_clean_line_on_the_command_line(dead_bucket
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr(engine_module, "LlamaBackend", no_model)
+    monkeypatch.setattr(engine_module, "_load_backend", no_model)
     for args in (["info"], ["ask", "What is 17 times 23?"]):
         result = CliRunner().invoke(main, [*args, "--library", dead_bucket, "--cache-dir", str(tmp_path)])
         assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
@@ -214,9 +214,9 @@ class BrokenFileSystem:
 
 
 def test_a_network_error_fetching_a_state_is_an_os_error_the_engine_falls_back_on(lib, tmp_path):
-    from kvgraft_plugin._store import RemoteLibrary
+    from kvgraft_plugin._store import UrlStore
 
-    remote = RemoteLibrary("memory://kvgraft-broken/lib", cache_dir=tmp_path)
+    remote = UrlStore("memory://kvgraft-broken/lib", cache_dir=tmp_path)
     remote.fs = BrokenFileSystem()
     for call in (lambda: remote.ensure("states/x.kvg"), lambda: remote.exists("x"), lambda: remote.pull()):
         with pytest.raises(LibraryError, match="memory://kvgraft-broken/lib") as caught:
@@ -267,7 +267,7 @@ def test_a_state_file_symlinked_outside_the_library_is_refused_unread(lib, tmp_p
     state.unlink()
     state.symlink_to(outside)
     with pytest.raises(IntegrityError, match="symlink"):
-        library.load_state(record, library.fingerprint)
+        library.read_state(record, library.fingerprint)
     with pytest.raises(IntegrityError, match="symlink"):
         read_file(state)
     assert not library.has_state(record)  # so a build writes a file of its own over the link
@@ -305,7 +305,7 @@ def test_a_symlink_in_a_remote_mirror_is_replaced_by_the_fetched_file(memory_lib
     outside = tmp_path / "outside.kvg"
     outside.write_bytes(b"outside")
     local.symlink_to(outside)
-    library.remote.ensure(record.state_file)  # type: ignore[union-attr]
+    library.store.ensure(record.state_file)
     assert not local.is_symlink() and local.read_bytes() == (lib / record.state_file).read_bytes()
     assert outside.read_bytes() == b"outside"
 

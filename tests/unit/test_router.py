@@ -269,3 +269,63 @@ def test_a_function_prompt_is_read_as_code_examples_and_prose():
     drop = 'def f(items):\n    """Drop repeated items, keeping the first of each."""'
     assert "drop" in signature(drop).key_terms and "drop" not in signature("Drop the 3 apples.").key_terms
     assert terms_guard(cand(keep, drop)) == "the query leaves out ['drop']"
+
+
+ADD_Q = "What is 23 plus 17?"  # the nearest entry ("mul") asks another operation: the terms guard refuses it
+
+
+def test_margin_holds_a_later_candidate_to_the_hit_below_it():
+    """A candidate that a guard refused asked another problem: it is no rival of the candidates after it."""
+    r = router({ADD_Q: [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]}, margin=0.05)
+    decision = r.route(ADD_Q)
+    assert isinstance(decision, Match) and decision.entry_id == "add"
+    assert [(v.entry_id, v.guard) for v in decision.trail if not v.passed] == [("mul", "terms")]
+    assert [(entry_id, reason) for entry_id, _, reason in r.explain(ADD_Q)][1] == ("add", None)  # as route sees it
+    # ... and still refused when the hit below it is as close
+    near = router({ADD_Q: [("mul", 0.97), ("add", 0.96), ("gcd", 0.94)]}, margin=0.05).route(ADD_Q)
+    assert isinstance(near, NoMatch) and near.reason.startswith("mul (score 0.970)")
+    assert [(v.entry_id, v.reason) for v in near.trail if v.guard == "margin"] == [
+        ("add", "within margin 0.05 of another entry (0.960 vs 0.940)")
+    ]
+
+
+def test_a_candidate_refused_by_the_margin_alone_still_competes():
+    """Two entries that both pass the guards and score within the margin are ambiguous: neither grafts
+    (taking the second would graft the one the question is further from)."""
+    entries = {**ENTRIES, "mul2": Entry("mul2", "Compute 17 multiplied by 23.", "391")}
+    fake = FakeIndex({"What is 17 times 23?": [("mul", 0.90), ("mul2", 0.89), ("gcd", 0.2)]})
+    r = Router(fake.embed, fake.search, entries, threshold=0.5, margin=0.05)
+    decision = r.route("What is 17 times 23?")
+    assert isinstance(decision, NoMatch) and "margin" in decision.reason
+    assert [(v.entry_id, v.reason) for v in decision.trail if v.guard == "margin"] == [
+        ("mul", "within margin 0.05 of another entry (0.900 vs 0.890)"),
+        ("mul2", "within margin 0.05 of another entry (0.890 vs 0.900)"),
+    ]
+    assert isinstance(Router(fake.embed, fake.search, entries, threshold=0.5).route("What is 17 times 23?"), Match)
+
+
+def test_the_last_candidate_has_a_runner_up_too():
+    """The index is asked for one hit more than the candidates, so the margin never passes for want of one."""
+    fake = FakeIndex({ADD_Q: [("mul", 0.97), ("add", 0.96), ("gcd", 0.95)]})
+    asked_k: list[int] = []
+
+    def search(vector, k):
+        asked_k.append(k)
+        return fake.search(vector, k)
+
+    decision = Router(fake.embed, search, ENTRIES, threshold=0.5, margin=0.05, neighbors=2).route(ADD_Q)
+    assert asked_k == [3] and isinstance(decision, NoMatch)
+    assert [v.reason for v in decision.trail if v.guard == "margin"] == [
+        "within margin 0.05 of another entry (0.960 vs 0.950)"
+    ]
+
+
+def test_explain_skips_index_ids_the_manifest_lacks_as_route_does():
+    """An index read mid-prune may name an entry the manifest no longer has."""
+    r = router({ADD_Q: [("gone", 0.99), ("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]})
+    assert [(e, s) for e, s, _ in r.explain(ADD_Q)] == [("mul", 0.97), ("add", 0.96), ("gcd", 0.2)]
+    assert r.route(ADD_Q).entry_id == "add"  # type: ignore[union-attr]
+    only_gone = router({ADD_Q: [("gone", 0.99)]})
+    assert only_gone.explain(ADD_Q) == []
+    assert only_gone.route(ADD_Q).reason == "the index lists no entry of the manifest"  # type: ignore[union-attr]
+    assert router({ADD_Q: []}).explain(ADD_Q) == []

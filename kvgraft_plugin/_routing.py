@@ -1,0 +1,123 @@
+"""A library's router: its embedder, its faiss index and a `Router` per routing setting, loaded on first use.
+
+`kvgraft_plugin._router` decides over any embed and search functions (unit-tested on fakes); this module
+binds it to one library. The engine calls it on its worker thread only (torch and faiss run there).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._config import EngineConfig
+from ._exceptions import LibraryError
+from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
+from ._library import Library
+from ._router import DEFAULT_GUARDS, Router, load_match_check
+
+__all__ = ["LibraryRouting"]
+
+logger = logging.getLogger(__name__)
+
+
+class LibraryRouting:
+    """Routing over ``library`` (``None``: none loaded) with the settings of a request's config."""
+
+    def __init__(self, library: Library | None, embedder: Embedder | str | Path | None = None) -> None:
+        """``embedder``: a model name or path (default: the library's), or a ready `Embedder`."""
+        self.library = library
+        self._embedder_name = embedder if embedder is None or isinstance(embedder, (str, Path)) else None
+        self._embedder = None if embedder is None or isinstance(embedder, (str, Path)) else embedder
+        self._index: VectorIndex | None = None
+        self._routers: dict[tuple[Any, ...], Router] = {}
+
+    @property
+    def embedder(self) -> Embedder:
+        """The library's sentence-transformers model (or the configured one), loaded on first use."""
+        if self._embedder is None:
+            self._embedder = Embedder.for_library(self.library, self._embedder_name)
+        return self._embedder
+
+    @property
+    def index(self) -> VectorIndex | None:
+        """The library's faiss index, loaded and checked on first use (``None`` without a library, or before
+        a first build has written one)."""
+        library = self.library
+        if self._index is None and library is not None and library.entries and library.index:
+            self._index = open_index(library, self.embedder)
+        return self._index
+
+    def warm_up(self) -> None:
+        """Load torch, the embedder and the index now (not in the first request's time to first token).
+
+        A broken index is only logged here: it is reported when routing needs it; plain decoding still works."""
+        self.embed(["warm-up"])
+        try:
+            _ = self.index
+        except LibraryError as exc:
+            location = self.library.location if self.library is not None else None
+            logger.warning("library %s cannot route until it is rebuilt: %s", location, exc)
+
+    def reload(self) -> None:
+        """Forget the loaded index and routers: the next request reads the library's index again."""
+        self._index = None
+        self._routers.clear()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """L2-normalised embeddings of ``texts``."""
+        return self.embedder.encode(texts)
+
+    def search(self, question: str, k: int) -> list[Hit]:
+        """The ``k`` entries nearest to ``question``, best first, no threshold applied. Nothing comes back from
+        a library that failed its signature check: its text is not trusted."""
+        library = self.library
+        if library is not None and not library.trusted:
+            logger.warning("search: library %s is not trusted (%s)", library.location, library.untrusted_reason)
+            return []
+        index = self.index
+        return [] if index is None else index.search(self.embedder.encode([question])[0], k)
+
+    def router(self, config: EngineConfig) -> Router | None:
+        """The router for ``config``'s routing settings (``None`` without a non-empty indexed library)."""
+        index, library = self.index, self.library
+        if index is None or library is None:
+            return None
+        threshold, margin = self.threshold(config), self.margin(config)
+        key = (threshold, margin, config.neighbors, config.guards, config.match_check)
+        router = self._routers.get(key)
+        if router is None:
+            router = self._routers[key] = Router(
+                self.embedder.encode,
+                lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
+                {k: r.entry for k, r in library.entries.items()},
+                threshold=threshold,
+                margin=margin,
+                neighbors=config.neighbors,
+                guards=DEFAULT_GUARDS if config.guards else (),
+                match_check=load_match_check(config.match_check),
+            )
+        return router
+
+    def explain(self, question: str, config: EngineConfig) -> list[tuple[str, float, str | None]]:
+        """Every candidate the router considers for ``question``: (entry id, score, refusal or ``None``)."""
+        router = self.router(config)
+        if router is None:
+            raise LibraryError("routing needs a library with entries and an index")
+        return router.explain(question)
+
+    def margin(self, config: EngineConfig) -> float:
+        """The score margin in force: the config's, else the library's (0 = off)."""
+        if config.margin is not None:
+            return config.margin
+        return float(self.library.routing.get("margin") or 0.0) if self.library is not None else 0.0
+
+    def threshold(self, config: EngineConfig) -> float:
+        """The similarity threshold in force: the config's, else the library's (calibrated or derived at build)."""
+        if config.threshold is not None:
+            return config.threshold
+        if self.library is not None and self.library.threshold is not None:
+            return float(self.library.threshold)
+        return SINGLE_ENTRY_THRESHOLD
