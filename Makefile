@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 # A portable CPU build: no -march=native (AMX kernels crash in some VMs), no multimodal or tools, and no
 # llamafile tinyBLAS: without it a batch of k tokens gives bitwise the logits of k one-token steps, which
-# exact lookup decoding needs (README, "Lookup decoding"). `make setup LLAMAFILE=ON` builds the other
+# exact lookup decoding needs (docs/lookup-decoding.md). `make setup LLAMAFILE=ON` builds the other
 # choice: prefill ~20% faster, lookup decoding then falls back to step decoding.
 LLAMA_CPP_PYTHON := 0.3.36
 LLAMAFILE ?= OFF

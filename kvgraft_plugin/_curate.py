@@ -21,7 +21,7 @@ from typing import Any
 
 from ._checks import Checker
 from ._engine import GraftEngine
-from ._exceptions import SourceError
+from ._library import read_jsonl
 from ._sampling import CURATE_SAMPLING, SamplingParams
 from ._state import atomic_write
 from ._template import Entry
@@ -44,22 +44,17 @@ class CurateReport:
 def read_problems(path: str | Path) -> list[dict[str, Any]]:
     """``{"id", "problem", "answer"?, "tests"?}`` per line (an answer or tests to check against); errors name
     the line."""
-    rows = []
-    for lineno, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise SourceError(f"{path}:{lineno}: {exc}") from exc
-        if not (
-            isinstance(row, dict)
-            and all(isinstance(row.get(k), str) and row[k].strip() for k in ("id", "problem"))
-            and any(isinstance(row.get(k), str) and row[k].strip() for k in ("answer", "tests"))
-        ):
-            raise SourceError(f'{path}:{lineno}: expected {{"id", "problem"}} and an "answer" or "tests" string')
-        rows.append(row)
-    return rows
+    return [row for _, row in read_jsonl(path, _parse_problem, what="problems", items="problems")]
+
+
+def _parse_problem(row: Any) -> dict[str, Any]:
+    if not (
+        isinstance(row, dict)
+        and all(isinstance(row.get(k), str) and row[k].strip() for k in ("id", "problem"))
+        and any(isinstance(row.get(k), str) and row[k].strip() for k in ("answer", "tests"))
+    ):
+        raise ValueError('expected {"id", "problem"} and an "answer" or "tests" string')
+    return row
 
 
 def curate(

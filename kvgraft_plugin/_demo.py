@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,7 @@ from ._build import build_library
 from ._checks import default_check, load_checker
 from ._config import EngineConfig
 from ._engine import GraftEngine, GraftResult
-from ._library import Library, read_source
+from ._library import Library, read_queries, read_source
 from ._template import auto_format
 
 __all__ = ["run_demo"]
@@ -37,7 +36,7 @@ def run_demo(
     from tqdm import tqdm
 
     entries = read_source(source)
-    rows = [json.loads(line) for line in Path(queries).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_queries(queries)
     config = config.replace(answer_format=auto_format(entries))
     with GraftEngine(None, config=config) as builder, tqdm(total=len(entries), desc="library", unit="entry") as bar:
         report = build_library(library, entries, engine=builder, progress=bar.update, run_tests=run_tests)

@@ -1,7 +1,7 @@
 """What a saved state's bits depend on: the settings that must match, and those measured harmless.
 
 A library is built once and used on many machines, so a state is refused only for a setting that changes
-the bits of a graft. Each setting's place rests on a measurement (README, "The fingerprint"):
+the bits of a graft. Each setting's place rests on a measurement (docs/exactness.md, "The fingerprint"):
 
 - **must match** (in the fingerprint; a state built under another value is refused, text RAG serves it):
   the model file, llama-cpp-python's version, the CPU features it was built with (llamafile included), ggml's

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._backend import Backend
+from ._paths import cache_root
 
 __all__ = ["InvarianceReport", "InvarianceRow", "LookupBatch", "MAX_BATCH", "measure", "recall", "remember"]
 
@@ -120,9 +121,8 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def cache_path(key: dict[str, Any]) -> Path:
     """Where the report for ``key`` (a fingerprint plus the thread count) is kept."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvgraft"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return root / "invariance" / f"{digest}.json"
+    return cache_root() / "invariance" / f"{digest}.json"
 
 
 def recall(key: dict[str, Any]) -> int | None:

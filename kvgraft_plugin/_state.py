@@ -19,9 +19,9 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import stat
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,19 +211,25 @@ def _check_regular(path: Path, mode: int) -> None:
         raise IntegrityError(f"{path.name} is not a regular file")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_beside(path: Path) -> tuple[int, Path]:
+    """A new, empty temp file in ``path``'s folder, opened for writing. It is created with mode 0666 and the
+    kernel takes the process umask off, so library files follow the umask without kvgraft ever changing it
+    (``os.umask`` is process-wide: flipping it would race every other thread's file creation)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # another writer's temp file: draw another name
+            continue
 
 
 def atomic_write(path: Path, data: bytes | bytearray | str) -> None:
     """Write ``data`` to a temp file in the same folder, fsync it, then rename it over ``path``."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_beside(path)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; library files follow the umask
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

@@ -325,3 +325,18 @@ def test_decode_mode_is_checked(make):
         engine.ask("q", decode="fast")
     with pytest.raises(ConfigError, match="decode"):
         make("a", decode="fast")
+
+
+def test_a_request_made_on_the_worker_thread_runs_there_instead_of_deadlocking(make):
+    """A tool or a match_check hook runs on the worker; a request it makes used to queue behind itself."""
+    engine, _ = make("Paris.")
+    done: list[str] = []
+
+    def nested(backend) -> None:
+        done.append(engine.ask("Capital of France?", mode="plain", max_tokens=8, stop=[]).text)
+
+    worker = threading.Thread(target=engine.run_exclusive, args=(nested,), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "stream() from the worker thread deadlocked"
+    assert done == ["Paris."]
