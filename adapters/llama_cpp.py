@@ -55,6 +55,14 @@ def tiled_matmul() -> bool:
         return False
 
 
+def grammar_for_json(schema: str | None = None) -> str:
+    """GBNF for the JSON documents valid under ``schema`` (JSON Schema text), as llama-cpp-python converts
+    it (``json_schema_to_gbnf``); for any JSON object without one (``JSON_GBNF``)."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    return str(JSON_GBNF) if schema is None else str(json_schema_to_gbnf(schema))
+
+
 def llama_cpp_version() -> str:
     """The llama-cpp-python version: it pins the state byte format."""
     return str(llama_cpp.__version__)

@@ -106,18 +106,18 @@ CURATE_SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05)
 
 def json_grammar() -> str:
     """GBNF for any JSON object (llama-cpp-python's ``JSON_GBNF``, its ``response_format`` json mode)."""
-    from llama_cpp.llama_grammar import JSON_GBNF
+    from .adapters.llama_cpp import grammar_for_json
 
-    return str(JSON_GBNF)
+    return grammar_for_json()
 
 
 def json_schema_grammar(schema: Mapping[str, Any] | str) -> str:
     """GBNF that accepts exactly the JSON documents valid under ``schema`` (a dict or its JSON text),
     converted as llama-cpp-python does (``json_schema_to_gbnf``). Properties keep the schema's order."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from .adapters.llama_cpp import grammar_for_json
 
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        return str(json_schema_to_gbnf(text))
+        return grammar_for_json(text)
     except (ValueError, KeyError, TypeError, NotImplementedError, json.JSONDecodeError) as exc:
         raise ConfigError(f"this JSON Schema cannot be turned into a grammar: {exc}") from exc
