@@ -12,6 +12,8 @@ The router needs no LLM; the engine owns the model and runs any model-based chec
 
 from __future__ import annotations
 
+import collections
+import re
 import time
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -121,6 +123,37 @@ def script_guard(c: Candidate) -> str | None:
     return None
 
 
+#: Words that turn a statement around: a question that adds or drops one ("... below 50 are prime?" against
+#: "... are not prime?") asks another problem whatever its other words. English, and the Latin-script languages
+#: of the held-out sets (French, German, Spanish); other scripts are refused by `script_guard` before this
+#: runs. Quantifiers ("all", "every", "each", "only") were measured and left out: on the math sets they
+#: refused 12 true paraphrases ("Sum the integers 1 through 100" against "the sum of all integers...") and
+#: no near-miss that another guard let through.
+NEGATIONS: frozenset[str] = frozenset(
+    """not no never none nothing nobody neither nor without cannot
+    ne pas jamais aucun aucune sans ni nicht kein keine keinen keinem keiner nie niemals ohne weder
+    nunca ningun ninguno ninguna sin tampoco""".split()
+)
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
+
+
+def _negations(text: str) -> collections.Counter[str]:
+    words = (w.lower() for w in _WORD.findall(text))
+    return collections.Counter("not" if w.endswith("n't") else w for w in words if w in NEGATIONS or w.endswith("n't"))
+
+
+def negation_guard(c: Candidate) -> str | None:
+    """The same negations ("not", "n't", "never", "without"...), as many times. The word guards read content
+    words, and negations are not content: without this guard a dropped "not" passed them all. It fails
+    closed ("isn't even" against "is odd" is refused); a judge is what could decide those."""
+    query, problem = _negations(c.question), _negations(c.entry.problem)
+    if query == problem:
+        return None
+    added, dropped = sorted((query - problem).elements()), sorted((problem - query).elements())
+    parts = [f"adds {added}" if added else "", f"drops {dropped}" if dropped else ""]
+    return "negations differ: the query " + " and ".join(p for p in parts if p)
+
+
 def numbers_guard(c: Candidate) -> str | None:
     """Same numbers (value and sign, however written); two operands of an ordered operation in the same order."""
     query, problem = c.query.number_counts, c.problem.number_counts
@@ -196,6 +229,7 @@ def code_guard(c: Candidate) -> str | None:
 #: The structural guards, in the order they run (after the threshold; the margin and the hook run after them).
 DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
     ("script", script_guard),
+    ("negation", negation_guard),
     ("numbers", numbers_guard),
     ("code", code_guard),
     ("terms", terms_guard),

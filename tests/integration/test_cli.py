@@ -74,6 +74,7 @@ def test_ask_json_contract(cli_library):
     assert [v["guard"] for v in out["match"]] == [
         "threshold",
         "script",
+        "negation",
         "numbers",
         "code",
         "terms",

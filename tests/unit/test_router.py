@@ -15,6 +15,7 @@ from kvgraft_plugin._router import (
     code_guard,
     numbers_guard,
     relations_guard,
+    negation_guard,
     script_guard,
     terms_guard,
     units_guard,
@@ -28,6 +29,21 @@ def cand(question: str, problem: str) -> Candidate:
 
 
 GUARD_CASES = {
+    negation_guard: (
+        [
+            ("Below 50, how many integers aren't prime?", "How many integers below 50 are not prime?"),
+            ("How many integers below 50 are prime?", "Count the primes below 50."),
+            ("Wie viele Zahlen unter 50 sind keine Primzahlen?", "Wie viele Zahlen unter 50 sind keine Primzahlen?"),
+        ],
+        [
+            ("How many integers below 50 are prime?", "How many integers below 50 are not prime?"),
+            ("How many integers below 50 are not prime?", "How many integers below 50 are prime?"),
+            ("Which numbers from 1 to 20 are never even?", "Which numbers from 1 to 20 are even?"),
+            ("Combien de nombres sous 50 sont premiers ?", "Combien de nombres sous 50 ne sont pas premiers ?"),
+            ("Wie viele Zahlen unter 50 sind Primzahlen?", "Wie viele Zahlen unter 50 sind keine Primzahlen?"),
+            ("¿Cuántos números menores que 50 no son primos?", "¿Cuántos números menores que 50 son primos?"),
+        ],
+    ),
     script_guard: (
         [
             ("What is 17 times 23?", "What is 17 times 23?"),
