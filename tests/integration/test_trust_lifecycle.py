@@ -67,7 +67,9 @@ def test_a_failed_constructor_leaks_no_worker(small_library, gemma_path, monkeyp
     def broken_warm_up(self):
         raise RuntimeError("warm-up failed")
 
-    monkeypatch.setattr(GraftEngine, "_warm_up", broken_warm_up)
+    from kvgraft_plugin._routing import LibraryRouting
+
+    monkeypatch.setattr(LibraryRouting, "warm_up", broken_warm_up)
     before = {t for t in threading.enumerate() if t.name.startswith("kvgraft")}
     with pytest.raises(RuntimeError, match="warm-up failed"):
         GraftEngine(small_library, model_path=str(gemma_path), n_threads=2)
