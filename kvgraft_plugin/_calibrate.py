@@ -67,3 +67,80 @@ def calibrate(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> tupl
     best = max(p.right for p in curve if p.wrong == fewest_wrong)
     tied = [p.threshold for p in curve if p.wrong == fewest_wrong and p.right == best]
     return _point(explained, round((tied[0] + tied[-1]) / 2, 4)), curve
+
+
+@dataclass(frozen=True)
+class JudgePoint:
+    """Routing outcome with a judge at one margin threshold."""
+
+    threshold: float
+    right: int
+    wrong: int
+    covered: int
+
+    @property
+    def recall(self) -> float:
+        """Share of covered queries routed right."""
+        return self.right / self.covered if self.covered else 0.0
+
+
+#: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
+#: refusal or ``None``, judge margin or ``None`` where a guard refused first), best first.
+Judged = list[tuple[str | None, list[tuple[str, float, str | None, float | None]]]]
+
+
+def _judged_outcome(candidates: Sequence[tuple[str, float, str | None, float | None]], margin: float) -> str | None:
+    for entry_id, _, refusal, judged in candidates:
+        if refusal is None and judged is not None and judged >= margin:
+            return entry_id
+    return None
+
+
+def _judge_point(judged: Judged, margin: float) -> JudgePoint:
+    picks = [(expect, _judged_outcome(cands, margin)) for expect, cands in judged]
+    right = sum(1 for expect, got in picks if expect is not None and got == expect)
+    wrong = sum(1 for expect, got in picks if got is not None and got != expect)
+    return JudgePoint(margin, right, wrong, sum(1 for expect, _ in judged if expect is not None))
+
+
+def calibrate_judge(
+    engine: GraftEngine, queries: Sequence[Mapping[str, Any]], *, judge_model: str, profile: str = "none"
+) -> tuple[JudgePoint, list[JudgePoint]]:
+    """The judge's margin threshold for ``engine``'s library, and the curve it was chosen from.
+
+    Every candidate above the library's similarity threshold that passes the guards of ``profile`` is judged
+    once; the chosen margin grafts the fewest queries wrongly and, among those, the most covered ones right,
+    halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
+    choice)."""
+    labelled = [q for q in queries if "expect_entry" in q]
+    if not labelled:
+        raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
+    config = engine.config.replace(judge_model=judge_model, judge_threshold=float("-inf"), profile=profile)
+
+    def explain_all() -> Judged:
+        router, judged, library = engine.routing.router(config), engine.routing.judge(config), engine.library
+        if router is None or judged is None or library is None:
+            raise ConfigError("calibrate needs a library with entries and an index")
+        threshold, out = router.threshold, []
+        for q in labelled:
+            cands = []
+            for entry_id, score, refusal in router.explain(q["question"]):
+                if score < threshold:
+                    break
+                margin = None
+                if refusal is None:
+                    margin = judged[0](library.entries[entry_id].entry.problem, q["question"]).margin
+                cands.append((entry_id, score, refusal, margin))
+            out.append((q.get("expect_entry"), cands))
+        return out
+
+    judged = engine.run_exclusive(lambda _: explain_all())
+    margins = sorted({m for _, cands in judged for *_, m in cands if m is not None and m != float("-inf")})
+    cuts = [m - 0.01 for m in margins] + [margins[-1] + 0.01] if margins else [0.0]
+    curve = [_judge_point(judged, cut) for cut in cuts]
+    fewest_wrong = min(p.wrong for p in curve)
+    best = max(p.right for p in curve if p.wrong == fewest_wrong)
+    tied = [i for i, p in enumerate(curve) if p.wrong == fewest_wrong and p.right == best]
+    low = margins[tied[0] - 1] if margins and tied[0] > 0 else cuts[tied[0]]  # the highest margin below the range
+    high = margins[tied[-1]] if margins and tied[-1] < len(margins) else cuts[tied[-1]]
+    return _judge_point(judged, round((low + high) / 2, 3)), curve

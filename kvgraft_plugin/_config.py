@@ -127,6 +127,16 @@ class EngineConfig:
     that shares an entry's words but asks another problem must not graft. Off: cosine similarity alone."""
     match_check: str | Callable[..., bool] | None = None
     """Optional hook ``match_check(question, entry, score) -> bool`` (or ``"module:function"``), run last."""
+    judge_model: str | None = None
+    """A same-problem judge (`kvgraft_plugin._judge`): a catalogue name or GGUF path of an instruct model,
+    asked about every candidate that passes the threshold and the structural guards; ``"off"``: none.
+    ``None``: the library's, when ``kvgraft calibrate --judge-model`` recorded one and it is on this machine."""
+    judge_threshold: float | None = None
+    """The judge's margin a candidate needs. ``None``: the library's calibrated one for that judge, else
+    `kvgraft_plugin._judge.DEFAULT_THRESHOLD`."""
+    profile: Literal["none", "math"] | None = None
+    """With a judge: ``math`` also runs the English word guards (terms, units, relations, asked quantity)
+    before it. ``None``: the library's, else ``none``. Without a judge the word guards always run."""
     neighbors: int = 4
     """How many neighbours the index returns for the router to consider."""
     max_tokens: int = 64
@@ -165,6 +175,8 @@ class EngineConfig:
         check_threshold(self.threshold)
         if self.margin is not None and not 0.0 <= self.margin <= 2.0:
             raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
+        if self.profile not in (None, "none", "math"):
+            raise ConfigError(f"profile must be 'none' or 'math', got {self.profile!r}")
         if self.neighbors < 1:
             raise ConfigError(f"neighbors must be >= 1, got {self.neighbors}")
         if self.max_tokens < 1:

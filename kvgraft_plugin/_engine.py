@@ -339,7 +339,12 @@ class GraftEngine:
         if self._closed:
             return
         self._closed = True
-        self._worker.close(self.backend.close)
+
+        def free() -> None:
+            self.routing.close()
+            self.backend.close()
+
+        self._worker.close(free)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -195,6 +195,14 @@ def _routing(data: Mapping[str, Any]) -> dict[str, Any]:
             isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 2
         ):
             raise ValueError(f"routing {name} must be a number within [-1, 2], got {value!r}")
+    judge = routing.get("judge")
+    if judge is not None and not (
+        isinstance(judge, dict)
+        and isinstance(judge.get("model"), str)
+        and isinstance(judge.get("threshold"), (int, float))
+        and not isinstance(judge.get("threshold"), bool)
+    ):
+        raise ValueError(f"routing judge must be an object with a model and a numeric threshold, got {judge!r}")
     return dict(routing)
 
 

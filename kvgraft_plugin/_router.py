@@ -7,7 +7,9 @@ guards, in order, then the score margin (if set) and the user's hook; the first 
 Candidates are tried best first.
 
 A guard is a function ``(Candidate) -> str | None``: ``None`` passes, a string is why it refused.
-The router needs no LLM; the engine owns the model and runs any model-based check itself.
+With a judge (`kvgraft_plugin._judge`), the word guards step aside: only the structural ones
+(`JUDGED_GUARDS`: numbers and code literals, which no rewording changes) run, then the judge's verdict. The
+router itself needs no LLM: the judge is a function it is given.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from typing import Any
 import numpy as np
 
 from ._config import import_callable
+from ._judge import JudgeVerdict
 from ._signature import ORDERED, Signature, signature
 from ._template import Entry
 
 __all__ = [
     "DEFAULT_GUARDS",
+    "JUDGED_GUARDS",
     "Candidate",
     "Guard",
     "GuardVerdict",
+    "JudgeFn",
     "Match",
     "MatchCheck",
     "NoMatch",
@@ -40,6 +45,9 @@ __all__ = [
 
 #: A user hook: ``match_check(question, entry, score) -> bool``; False refuses the match.
 MatchCheck = Callable[[str, Entry, float], bool]
+
+#: A same-problem judge: ``judge(entry_problem, question) -> JudgeVerdict`` (`kvgraft_plugin._judge.Judge`).
+JudgeFn = Callable[[str, str], "JudgeVerdict"]
 
 #: Entry numbers a query may leave out without changing the problem ("from 1 to 100" ~ "up to 100").
 _IMPLIED_NUMBERS = frozenset({0.0, 1.0})
@@ -239,6 +247,10 @@ DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
 )
 
 
+#: The guards that run before a judge: what no rewording changes, in any language (the judge reads the rest).
+JUDGED_GUARDS: tuple[tuple[str, Guard], ...] = (("numbers", numbers_guard), ("code", code_guard))
+
+
 def load_match_check(spec: str | MatchCheck | None) -> MatchCheck | None:
     """A match-check hook from a callable or ``"module:function"``."""
     if spec is None or callable(spec):
@@ -265,8 +277,11 @@ class Router:
         margin: minimum gap between a candidate's score and the best other entry's that no guard ruled out
             (0 disables it): the question must be nearer to it than to any rival it might be confused with.
         neighbors: how many neighbours are considered.
-        guards: structural guards, run in order on each candidate (`DEFAULT_GUARDS`; ``()`` disables them).
+        guards: structural guards, run in order on each candidate (`DEFAULT_GUARDS`; ``()`` disables them;
+            `JUDGED_GUARDS` with a judge).
         match_check: optional user hook ``(question, entry, score) -> bool``, run last.
+        judge: optional same-problem judge, run after the guards and the margin, before ``match_check``; its
+            time is the ``judge`` phase.
     """
 
     def __init__(
@@ -280,11 +295,12 @@ class Router:
         neighbors: int = 4,
         guards: Sequence[tuple[str, Guard]] = DEFAULT_GUARDS,
         match_check: MatchCheck | None = None,
+        judge: JudgeFn | None = None,
     ) -> None:
         self._embed, self._search, self._entries = embed, search, entries
         self.threshold, self.margin, self.neighbors = threshold, margin, neighbors
         self.guards = tuple(guards)
-        self.match_check = match_check
+        self.match_check, self.judge = match_check, judge
 
     def route(self, question: str) -> Match | NoMatch:
         """The first candidate, best first, that clears the threshold, the margin and every guard."""
@@ -299,7 +315,7 @@ class Router:
             return NoMatch(reason, best, tuple(trail), phases)
         above = [hit for hit in hits[: self.neighbors] if hit[1] >= self.threshold]  # a prefix: best first
         first_refusal: str | None = None
-        for entry_id, score, refusal in self._judge(question, above, hits, trail):
+        for entry_id, score, refusal in self._verdicts(question, above, hits, trail, phases):
             if refusal is None:
                 return Match(entry_id, score, tuple(trail), phases)
             first_refusal = first_refusal or f"{entry_id} (score {score:.3f}): {refusal}"
@@ -309,7 +325,7 @@ class Router:
         """Every one of the ``neighbors`` neighbours with its score and what the guards said (``None``: passed),
         ignoring the threshold. `route` takes the first that passes and clears the threshold."""
         hits, _, _ = self._candidates(question)
-        return list(self._judge(question, hits[: self.neighbors], hits, []))
+        return list(self._verdicts(question, hits[: self.neighbors], hits, [], {}))
 
     def _candidates(self, question: str) -> tuple[list[tuple[str, float]], dict[str, float], str | None]:
         """The index's neighbours of ``question`` that the manifest lists (an index read mid-prune may name
@@ -328,12 +344,13 @@ class Router:
             return [], phases, "the index lists no entry of the manifest"
         return hits, phases, None
 
-    def _judge(
+    def _verdicts(
         self,
         question: str,
         candidates: Sequence[tuple[str, float]],
         hits: Sequence[tuple[str, float]],
         trail: list[GuardVerdict],
+        phases: dict[str, float],
     ) -> Iterator[tuple[str, float, str | None]]:
         """Each of ``candidates`` (best first, from ``hits``) with its refusal (``None``: it passed), lazily:
         `route` stops at the first that passes.
@@ -347,16 +364,17 @@ class Router:
         ruled_out: set[str] = set()
         for entry_id, score in candidates:
             runner_up = next((s for other, s in hits if other != entry_id and other not in ruled_out), None)
-            refused = self._check(Candidate(question, self._entries[entry_id], score, runner_up), trail)
+            refused = self._check(Candidate(question, self._entries[entry_id], score, runner_up), trail, phases)
             if refused is not None and refused.guard != "margin":
                 ruled_out.add(entry_id)
             yield entry_id, score, refused.reason if refused is not None else None
 
-    def _check(self, c: Candidate, trail: list[GuardVerdict]) -> GuardVerdict | None:
-        """Run the guards, the margin and the user hook; record each verdict; return the refusal.
+    def _check(self, c: Candidate, trail: list[GuardVerdict], phases: dict[str, float]) -> GuardVerdict | None:
+        """Run the guards, the margin, the judge and the user hook; record each verdict; return the refusal.
 
         The margin runs after the guards: whether a better hit is a rival at all is known only once the
-        guards have judged it (`_judge`), and a guard's reason says more than a score gap."""
+        guards have judged it (`_verdicts`), and a guard's reason says more than a score gap. The judge, the
+        costly step, runs last but for the user's hook."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
         for name, guard in self.guards:
             reason = guard(c)
@@ -367,6 +385,12 @@ class Router:
             refusal = f"within margin {self.margin} of another entry ({c.score:.3f} vs {c.runner_up:.3f})"
             trail.append(GuardVerdict("margin", c.entry.id, False, refusal))
             return trail[-1]
+        if self.judge is not None:
+            verdict = self.judge(c.entry.problem, c.question)
+            phases["judge"] = phases.get("judge", 0.0) + verdict.ms
+            trail.append(GuardVerdict("judge", c.entry.id, verdict.passed, verdict.reason))
+            if not verdict.passed:
+                return trail[-1]
         if self.match_check is not None and not self.match_check(c.question, c.entry, c.score):
             trail.append(GuardVerdict("match_check", c.entry.id, False, "refused by match_check"))
             return trail[-1]

@@ -6,6 +6,7 @@ binds it to one library. The engine calls it on its worker thread only (torch an
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from ._config import EngineConfig
-from ._exceptions import LibraryError
+from ._exceptions import LibraryError, ModelError
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
+from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, Judge, open_judge
 from ._library import Library
-from ._router import DEFAULT_GUARDS, Router, load_match_check
+from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, Router, load_match_check
 
 __all__ = ["LibraryRouting"]
 
@@ -33,6 +35,7 @@ class LibraryRouting:
         self._embedder = None if embedder is None or isinstance(embedder, (str, Path)) else embedder
         self._index: VectorIndex | None = None
         self._routers: dict[tuple[Any, ...], Router] = {}
+        self._judges: dict[str, Judge] = {}
 
     @property
     def embedder(self) -> Embedder:
@@ -66,6 +69,13 @@ class LibraryRouting:
         self._index = None
         self._routers.clear()
 
+    def close(self) -> None:
+        """Free the judges' models."""
+        for judge in self._judges.values():
+            judge.backend.close()
+        self._judges.clear()
+        self._routers.clear()
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """L2-normalised embeddings of ``texts``."""
         return self.embedder.encode(texts)
@@ -86,9 +96,11 @@ class LibraryRouting:
         if index is None or library is None:
             return None
         threshold, margin = self.threshold(config), self.margin(config)
-        key = (threshold, margin, config.neighbors, config.guards, config.match_check)
+        judged = self.judge(config)
+        key = (threshold, margin, config.neighbors, config.guards, config.match_check, judged and judged[1:])
         router = self._routers.get(key)
         if router is None:
+            guards = DEFAULT_GUARDS if judged is None or judged[2] == "math" else JUDGED_GUARDS
             router = self._routers[key] = Router(
                 self.embedder.encode,
                 lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
@@ -96,10 +108,38 @@ class LibraryRouting:
                 threshold=threshold,
                 margin=margin,
                 neighbors=config.neighbors,
-                guards=DEFAULT_GUARDS if config.guards else (),
+                guards=guards if config.guards else (),
                 match_check=load_match_check(config.match_check),
+                judge=None if judged is None else functools.partial(judged[0], threshold=judged[1]),
             )
         return router
+
+    def judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
+        """The judge in force for ``config``: (judge, margin threshold, profile), or ``None``.
+
+        The config's ``judge_model`` wins (``"off"``: none); else the library's calibrated judge, when its
+        model is on this machine (when it is not, routing keeps the word guards, which fail closed, and says
+        so in the log). The threshold is the config's, else the library's for that model and prompt."""
+        recorded = self.library.routing.get("judge") if self.library is not None else None
+        recorded = recorded if isinstance(recorded, dict) else {}
+        model = config.judge_model or recorded.get("model")
+        if not model or model == "off":
+            return None
+        judge = self._judges.get(model)
+        if judge is None:
+            try:
+                judge = self._judges[model] = open_judge(model, n_threads=config.llama.n_threads)
+            except ModelError as exc:
+                if config.judge_model:
+                    raise
+                logger.warning("the library's judge %s is not available (%s): routing without a judge", model, exc)
+                return None
+        same = recorded.get("model") == model and recorded.get("prompt") == JUDGE_PROMPT
+        threshold = config.judge_threshold
+        if threshold is None:
+            threshold = float(recorded["threshold"]) if same and "threshold" in recorded else DEFAULT_THRESHOLD
+        profile = config.profile or (recorded.get("profile") if same else None) or "none"
+        return judge, threshold, profile
 
     def explain(self, question: str, config: EngineConfig) -> list[tuple[str, float, str | None]]:
         """Every candidate the router considers for ``question``: (entry id, score, refusal or ``None``)."""

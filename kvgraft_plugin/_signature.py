@@ -178,16 +178,36 @@ _ORDINAL_TERMS = {"twice": "mul", "double": "mul", "thrice": "mul", "triple": "m
 
 _STRING_LITERAL = re.compile(r"(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)\"[^\"\n]*\"(?!\w)")  # not possessives
 _SLICE = re.compile(r"\[[^\[\]\n]{0,40}\]")
-_CALL = re.compile(r"(?<!def )\b([A-Za-z_][A-Za-z_0-9]*)\s*\(")
+_CALL = re.compile(r"(?<!def )\b([A-Za-z_][A-Za-z_0-9]*)\(")  # "water (H2O)" is no call
 _INDEX = re.compile(r"\[\s*-?\d+\s*\]")
 _BOOL = re.compile(r"\b(True|False|None)\b")
-_HEX = re.compile(r"(?<![\w.])(-?)0x([0-9a-f]+)\b")
+# A number starts after no ASCII letter, digit or point: "h2o" holds none, "17乘以23" and "17плюс23" two.
+_HEX = re.compile(r"(?<![a-z0-9_.])(-?)0x([0-9a-f]+)\b")
 _WORD_NUMBER = re.compile(
     r"\b("
     + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True))
     + r")(?:[- ](one|two|three|four|five|six|seven|eight|nine))?\b"
 )
-_NUMBER = re.compile(r"(?<![\w.])(-?)(\d+(?:,\d{3})*(?:\.\d+)?)(?:st|nd|rd|th)?(?![\d])")
+_NUMBER = re.compile(r"(?<![a-z0-9_.])(-?)(\d+(?:,\d{3})*(?:\.\d+)?)(?:st|nd|rd|th)?(?![\d])")
+#: 1.5e8, 1.5e-3, 3.0 x 10^8, 3.0 × 10^8: one number each.
+_SCIENTIFIC = re.compile(r"(?<![a-z0-9_.])(-?)(\d+(?:\.\d+)?)(?:e([-+]?\d+)|\s*[x×*]\s*10\^([-+]?\d+))(?![\d])")
+#: A power written on a unit (cm^3, m/s^2) belongs to that word: "cm^3" is "cm³", not "cm and 3".
+_POWER = re.compile(r"(?<=[a-z]{2}|/[a-z])\^(\d+)")
+_SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _notation(text: str) -> str:
+    """Scientific numbers as decimals and unit powers as superscripts, before the phrase rewrites read "^"."""
+    text = _SCIENTIFIC.sub(
+        lambda m: m.group(1) + _decimal(float(m.group(2)) * 10.0 ** int(m.group(3) or m.group(4))), text
+    )
+    return _POWER.sub(lambda m: m.group(1).translate(_SUPERSCRIPTS), text)
+
+
+def _decimal(value: float) -> str:
+    return f"{value:.12f}".rstrip("0").rstrip(".")
+
+
 _TOKEN = re.compile(r"#[a-j]+|[a-z][a-z0-9_']*")
 _MARK = re.compile(r"#[a-j]+")
 
@@ -466,7 +486,7 @@ def signature(text: str) -> Signature:
             examples=prompt.examples,
         )
     code = sorted(_code_literals(text))
-    text = _STRING_LITERAL.sub(" ", text).lower()
+    text = _notation(_STRING_LITERAL.sub(" ", text).lower())
     for pattern, canonical in _PHRASES:
         text = re.sub(pattern, canonical, text)
     values, rest = _numbers_and_rest(text)

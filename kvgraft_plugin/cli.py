@@ -81,6 +81,17 @@ def routing_options(func: F) -> F:
         ),
         click.option("--match-check", help="module:function(question, entry, score) -> bool, run after the guards."),
         click.option(
+            "--judge-model",
+            help="Same-problem judge: an instruct model's name or GGUF path, or 'off' (default: the library's, "
+            "from `kvgraft calibrate --judge-model`).",
+        ),
+        click.option("--judge-threshold", type=float, help="Judge margin a match needs (default: the library's)."),
+        click.option(
+            "--profile",
+            type=click.Choice(["none", "math"]),
+            help="With a judge, 'math' also runs the English word guards (default: the library's, else none).",
+        ),
+        click.option(
             "--key-file",
             type=click.Path(dir_okay=False),
             envvar="KVGRAFT_KEY_FILE",
@@ -599,11 +610,16 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
     from ._library import Library
 
     rows = _read_queries(queries)
+    judge_model = options.get("judge_model")
+    if judge_model not in (None, "off"):
+        _calibrate_judge(library, rows, as_json, options)
+        return
     with _engine(library, options) as engine:
         chosen, curve = run_calibrate(engine, rows)
     lib = Library.open(library, cache_dir=options.get("cache_dir"))
     was_signed = (lib.path / "manifest.sig").is_file()
-    lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows)}
+    judge = {"judge": lib.routing["judge"]} if "judge" in lib.routing else {}  # the judge's own calibration stays
+    lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows), **judge}
     lib.save()
     if as_json:
         points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong, "recall": p.recall} for p in curve]
@@ -625,6 +641,36 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
         click.echo(
             f"chose threshold {chosen.threshold:.4f}: {chosen.right}/{chosen.covered} covered queries routed right, "
             f"{chosen.wrong} wrong; stored in {library}/manifest.json"
+        )
+    if was_signed:
+        click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)
+
+
+def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, options: dict[str, Any]) -> None:
+    """``calibrate --judge-model``: the judge's margin threshold, stored beside the similarity threshold."""
+    from ._calibrate import calibrate_judge
+    from ._judge import JUDGE_PROMPT
+    from ._library import Library
+
+    model, profile = options["judge_model"], options.get("profile") or "none"
+    with _engine(library, options) as engine:
+        chosen, curve = calibrate_judge(engine, rows, judge_model=model, profile=profile)
+    lib = Library.open(library, cache_dir=options.get("cache_dir"))
+    was_signed = (lib.path / "manifest.sig").is_file()
+    record = {"model": model, "prompt": JUDGE_PROMPT, "threshold": chosen.threshold, "profile": profile,
+              "queries": len(rows), "right": chosen.right, "wrong": chosen.wrong}  # fmt: skip
+    lib.routing = {**lib.routing, "judge": record}
+    lib.save()
+    if as_json:
+        points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong} for p in curve]
+        click.echo(json.dumps({**record, "curve": points, "resign": was_signed}))
+    else:
+        click.echo("judge margin  routed right  wrong")
+        for p in curve[:: max(1, len(curve) // 25)]:
+            click.echo(f"{p.threshold:12.2f}  {p.right:5d}/{p.covered:<6d}  {p.wrong:5d}")
+        click.echo(
+            f"chose judge margin {chosen.threshold:+.2f} for {model}: {chosen.right}/{chosen.covered} covered "
+            f"queries routed right, {chosen.wrong} wrong; stored in {library}/manifest.json"
         )
     if was_signed:
         click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)

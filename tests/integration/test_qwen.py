@@ -149,3 +149,55 @@ def test_chat_kvgraft_by_model_name(qwen_library, qwen):
         chat.release()
     expected = qwen.ask(BOIL.problem, max_tokens=120)
     assert expected.text and message.content == expected.text and message.response_metadata["route"] == "graft"
+
+
+# -- the same-problem judge (the router's, in a context of its own) -------------------------------------------
+
+BOIL_REWORDED = "Water at sea level boils at how many degrees on the Celsius scale?"
+BOIL_NEAR_MISS = "At what temperature in degrees Fahrenheit does water boil at sea level?"
+
+
+@pytest.fixture(scope="module")
+def judged(qwen_library, qwen_path):
+    with GraftEngine(qwen_library, n_threads=2, judge_model=NAME) as engine:
+        yield engine
+
+
+def test_the_judge_decides_what_the_word_guards_refuse(judged, qwen):
+    # without a judge the word guards refuse the rewording ("scale"); the judge lets it graft
+    assert qwen.ask(BOIL_REWORDED, max_tokens=40).route == "plain"
+    graft = judged.ask(BOIL_REWORDED, max_tokens=40)
+    assert graft.route == "graft" and graft.entry_id == BOIL.id
+    verdicts = [v for v in graft.match if v["guard"] == "judge"]
+    assert [v["passed"] for v in verdicts] == [True] and graft.phases_ms["judge"] > 0
+    # the judge's context is its own: the graft is still bitwise text RAG with the same entry
+    text_rag = judged.ask(BOIL_REWORDED, mode="text-rag", max_tokens=40)
+    assert graft.text == text_rag.text and graft.decode_tokens == text_rag.decode_tokens
+    # a near-miss that the structural guards cannot see (another unit, no number) is the judge's to refuse
+    near = judged.ask(BOIL_NEAR_MISS, max_tokens=8)
+    assert near.route == "plain" and "judge margin" in near.fallback_reason
+    # each (entry, question) pair is judged once
+    again = judged.ask(BOIL_REWORDED, max_tokens=40)
+    assert again.text == graft.text and again.phases_ms.get("judge", 0.0) == 0.0
+
+
+def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, tmp_path):
+    labelled = tmp_path / "labelled.jsonl"
+    rows = [
+        {"question": BOIL_REWORDED, "expect_entry": BOIL.id},
+        {"question": BOIL_NEAR_MISS, "expect_entry": None},
+        {"question": "Encode runs of characters as char+count, e.g. 'aaab' -> 'a3b1'.", "expect_entry": None},
+    ]
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(
+        main, ["calibrate", "--library", str(qwen_library), "--queries", str(labelled), "--judge-model", NAME, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    chosen = json.loads(result.stdout)
+    assert (chosen["model"], chosen["right"], chosen["wrong"]) == (NAME, 1, 0)
+    judge = Library.open(qwen_library).routing["judge"]
+    assert judge["threshold"] == chosen["threshold"] and judge["prompt"] == "same-problem-v1"
+    with GraftEngine(qwen_library, n_threads=2) as engine:  # no judge_model: the library's
+        assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "graft"
+    with GraftEngine(qwen_library, n_threads=2, judge_model="off") as engine:
+        assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "plain"

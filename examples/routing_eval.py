@@ -1,0 +1,202 @@
+"""Routing alone, on labelled query sets: the word guards, the judge, and both, per set and kind.
+
+Each set is a library source and its labelled queries (`expect_entry`: an entry id, or null). Its entries are
+embedded with the library's embedder (MiniLM) into a flat faiss index, the similarity threshold is the one
+`kvgraft build` derives from the entries' geometry, and every query goes through `Router` as `ask` routes it:
+
+- `words`: the default guards, no judge (what a library without a judge does);
+- `judge`: the structural guards (`JUDGED_GUARDS`) and the judge;
+- `profile`: the default guards and the judge (the word lists as a profile on top of the judge).
+
+The judge's margins are computed once per (entry, question) and saved (``--margins``), so that thresholds
+can be compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
+
+    .venv/bin/python examples/routing_eval.py --judge qwen2.5-coder-1.5b-instruct --margins m.json domains
+    .venv/bin/python examples/routing_eval.py --margins m.json --thresholds 0,1,2 domains   # no model run
+
+Sets: ``domains`` (examples/domains/*), ``dev`` (examples/judge-dev/*), ``math`` (examples/library.jsonl with
+examples/routing/*.jsonl), ``code`` (examples/code/library.jsonl with its routing and heldout queries), or a
+folder holding library.jsonl and queries.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
+from kvgraft_plugin._index import geometry_threshold  # noqa: E402
+from kvgraft_plugin._judge import JudgeVerdict  # noqa: E402
+from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
+
+MODES = ("words", "judge", "profile")
+
+
+def sets(names: list[str]) -> list[tuple[str, Path, list[Path]]]:
+    """(name, library source, query files) for each named set."""
+    out: list[tuple[str, Path, list[Path]]] = []
+    for name in names:
+        if name in ("domains", "dev"):
+            root = HERE / ("domains" if name == "domains" else "judge-dev")
+            out += [(f"{name}/{d.name}", d / "library.jsonl", [d / "queries.jsonl"]) for d in sorted(root.iterdir())
+                    if (d / "queries.jsonl").is_file()]  # fmt: skip
+        elif name == "math":
+            routing = HERE / "routing"
+            out += [(f"math/{q.stem}", HERE / "library.jsonl", [q]) for q in sorted(routing.glob("*.jsonl"))]
+        elif name == "code":
+            code = HERE / "code"
+            out += [(f"code/{q}", code / "library.jsonl", [code / f"{q}.jsonl"]) for q in ("routing", "heldout")]
+        else:
+            folder = Path(name)
+            out.append((folder.name, folder / "library.jsonl", [folder / "queries.jsonl"]))
+    return out
+
+
+class RecordingJudge:
+    """Margins from a saved table, computed by ``judge`` (a `Judge`) when absent; ``threshold`` decides."""
+
+    def __init__(self, margins: dict[str, float], judge: Any | None) -> None:
+        self.margins, self.judge, self.threshold = margins, judge, 0.0
+        self.ms: list[float] = []
+
+    def __call__(self, problem: str, question: str) -> JudgeVerdict:
+        key = json.dumps([problem, question], ensure_ascii=False)
+        if key not in self.margins:
+            if self.judge is None:
+                raise SystemExit("a margin is missing from --margins and no --judge is given")
+            verdict = self.judge(problem, question)
+            self.margins[key] = verdict.margin
+            self.ms.append(verdict.ms)
+        return JudgeVerdict(self.margins[key], self.threshold, 0.0, cached=True)
+
+
+def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: RecordingJudge | None,
+              floor: float | None) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per query: its kind, what it should match, and each mode's decision."""
+    entries = {e.id: e for e in read_source(source)}
+    index = VectorIndex(embedder.dim, "flat")
+    ids = sorted(entries)
+    index.add(ids, embedder.encode([entries[i].problem for i in ids]))
+    threshold = geometry_threshold(index)
+
+    def router(mode: str) -> Router:
+        return Router(
+            embedder.encode,
+            lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
+            entries,
+            threshold=threshold if mode == "words" or floor is None else min(threshold, floor),
+            guards=JUDGED_GUARDS if mode == "judge" else DEFAULT_GUARDS,
+            judge=None if mode == "words" else judge,
+        )
+
+    routers = {mode: router(mode) for mode in (MODES if judge is not None else ("words",))}
+    rows = []
+    for path in queries:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            query = json.loads(line)
+            row = {"id": query["id"], "kind": query.get("kind") or "?", "expect": query.get("expect_entry")}
+            for mode, r in routers.items():
+                decision = r.route(query["question"])
+                row[mode] = decision.entry_id if isinstance(decision, Match) else None
+                refused = [v for v in decision.trail if not v.passed]
+                row[f"{mode}_refused_by"] = refused[0].guard if refused and row[mode] is None else None
+            rows.append(row)
+    return rows
+
+
+def table(results: dict[str, list[dict[str, Any]]], mode: str) -> list[str]:
+    """Per set: paraphrases (or repeats) right, wrong grafts, near-misses and uncovered matched."""
+    lines = [f"{'set':<24} {'covered right':>14} {'wrong':>6} {'near-miss grafted':>18} {'uncovered grafted':>18}"]
+    total: collections.Counter[str] = collections.Counter()
+    for name, rows in results.items():
+        covered = [r for r in rows if r["expect"] is not None]
+        near = [r for r in rows if r["expect"] is None and not r["kind"].startswith("uncovered")]
+        unc = [r for r in rows if r["expect"] is None and r["kind"].startswith("uncovered")]
+        c = collections.Counter(
+            cov=len(covered), right=sum(r[mode] == r["expect"] for r in covered),
+            wrong=sum(r[mode] not in (None, r["expect"]) for r in rows), near=len(near),
+            near_m=sum(r[mode] is not None for r in near), unc=len(unc), unc_m=sum(r[mode] is not None for r in unc),
+        )  # fmt: skip
+        total.update(c)
+        lines.append(_line(name, c))
+    lines.append(_line("all", total))
+    return lines
+
+
+def _line(name: str, c: collections.Counter[str]) -> str:
+    pct = f"({100 * c['right'] / c['cov']:.0f}%)" if c["cov"] else ""
+    return (
+        f"{name:<24} {c['right']:>5}/{c['cov']:<4}{pct:>5} {c['wrong']:>6} {c['near_m']:>9}/{c['near']:<8} "
+        f"{c['unc_m']:>9}/{c['unc']:<8}"
+    )
+
+
+def by_kind(results: dict[str, list[dict[str, Any]]], mode: str) -> list[str]:
+    """Grafted / total per kind (paraphrases: onto the right entry)."""
+    counts: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for rows in results.values():
+        for r in rows:
+            ok = r[mode] == r["expect"] if r["expect"] is not None else r[mode] is not None
+            counts[r["kind"]][0] += ok
+            counts[r["kind"]][1] += 1
+    return [f"  {kind:<28} {k}/{n}" for kind, (k, n) in sorted(counts.items())]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sets", nargs="+")
+    parser.add_argument("--judge", help="judge model (name or GGUF path); without it, margins come from --margins")
+    parser.add_argument("--margins", type=Path, help="JSON file of judge margins, read and extended")
+    parser.add_argument("--thresholds", default="0", help="judge margin thresholds to report, comma-separated")
+    parser.add_argument("--floor", type=float, help="similarity floor with a judge (default: the library's threshold)")
+    parser.add_argument("--kinds", action="store_true", help="also print per kind")
+    parser.add_argument("--json", type=Path, help="write every row here")
+    args = parser.parse_args()
+
+    margins: dict[str, float] = {}
+    if args.margins is not None and args.margins.is_file():
+        margins = json.loads(args.margins.read_text())
+    judge = None
+    if args.judge is not None:
+        from kvgraft_plugin._judge import open_judge
+
+        judge = open_judge(args.judge)
+    recording = RecordingJudge(margins, judge) if (judge is not None or margins) else None
+    embedder = Embedder()
+    thresholds = [float(t) for t in args.thresholds.split(",")]
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for t in thresholds:
+        if recording is not None:
+            recording.threshold = t
+        results[str(t)] = {
+            name: route_set(embedder, src, qs, recording, args.floor) for name, src, qs in sets(args.sets)
+        }
+        if args.margins is not None and margins:
+            args.margins.write_text(json.dumps(margins, ensure_ascii=False, indent=0))
+    elapsed = time.perf_counter() - t0
+    modes = MODES if recording is not None else ("words",)
+    for mode in modes:
+        for t in thresholds if mode != "words" else thresholds[:1]:
+            print(f"\n== {mode}" + (f", judge threshold {t:+g}" if mode != "words" else ""))
+            print("\n".join(table(results[str(t)], mode)))
+            if args.kinds:
+                print("\n".join(by_kind(results[str(t)], mode)))
+    if recording is not None and recording.ms:
+        ms = sorted(recording.ms)
+        print(f"\njudge: {len(ms)} new margins, median {ms[len(ms) // 2]:.0f} ms, total {sum(ms) / 1e3:.0f} s")
+    print(f"({elapsed:.0f} s)", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
