@@ -79,7 +79,7 @@ class RecordingJudge:
 
 
 def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: RecordingJudge | None,
-              floor: float | None) -> list[dict[str, Any]]:  # fmt: skip
+              floor: float | None, modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:  # fmt: skip
     """One row per query: its kind, what it should match, and each mode's decision."""
     entries = {e.id: e for e in read_source(source)}
     index = VectorIndex(embedder.dim, "flat")
@@ -97,7 +97,7 @@ def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: Reco
             judge=None if mode == "words" else judge,
         )
 
-    routers = {mode: router(mode) for mode in (MODES if judge is not None else ("words",))}
+    routers = {mode: router(mode) for mode in (modes if judge is not None else ("words",))}
     rows = []
     for path in queries:
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -158,6 +158,7 @@ def main() -> None:
     parser.add_argument("--thresholds", default="0", help="judge margin thresholds to report, comma-separated")
     parser.add_argument("--floor", type=float, help="similarity floor with a judge (default: the library's threshold)")
     parser.add_argument("--kinds", action="store_true", help="also print per kind")
+    parser.add_argument("--modes", default=",".join(MODES), help="modes to run, comma-separated")
     parser.add_argument("--json", type=Path, help="write every row here")
     args = parser.parse_args()
 
@@ -172,6 +173,7 @@ def main() -> None:
     recording = RecordingJudge(margins, judge) if (judge is not None or margins) else None
     embedder = Embedder()
     thresholds = [float(t) for t in args.thresholds.split(",")]
+    modes = tuple(m for m in args.modes.split(",") if m in MODES)
     t0 = time.perf_counter()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for t in thresholds:
@@ -183,8 +185,7 @@ def main() -> None:
         if args.margins is not None and margins:
             args.margins.write_text(json.dumps(margins, ensure_ascii=False, indent=0))
     elapsed = time.perf_counter() - t0
-    modes = MODES if recording is not None else ("words",)
-    for mode in modes:
+    for mode in modes if recording is not None else ("words",):
         for t in thresholds if mode != "words" else thresholds[:1]:
             print(f"\n== {mode}" + (f", judge threshold {t:+g}" if mode != "words" else ""))
             print("\n".join(table(results[str(t)], mode)))

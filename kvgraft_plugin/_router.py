@@ -164,6 +164,19 @@ def negation_guard(c: Candidate) -> str | None:
 
 def numbers_guard(c: Candidate) -> str | None:
     """Same numbers (value and sign, however written); two operands of an ordered operation in the same order."""
+    refusal = number_values_guard(c)
+    if refusal is not None:
+        return refusal
+    ordered = len(c.problem.numbers) == 2 and bool(c.problem.key_terms & ORDERED)
+    if ordered and c.query.numbers != c.problem.numbers:
+        return f"operands in another order ({_fmt(c.query.numbers)} vs {_fmt(c.problem.numbers)})"
+    return None
+
+
+def number_values_guard(c: Candidate) -> str | None:
+    """Same numbers (value and sign, however written), in any order: what `numbers_guard` checks before
+    the order of an operation's operands, which it reads from English operation words (with a judge, "g = 10
+    m/s^2 ... 45 m" and "45 m ... g = 10 m/s^2" are the judge's to read)."""
     query, problem = c.query.number_counts, c.problem.number_counts
     extra = query - problem
     if extra:
@@ -171,9 +184,35 @@ def numbers_guard(c: Candidate) -> str | None:
     missing = {n: k for n, k in (problem - query).items() if n not in _IMPLIED_NUMBERS}
     if missing:
         return f"the entry has numbers the query lacks: {_fmt(missing)}"
-    ordered = len(c.problem.numbers) == 2 and bool(c.problem.key_terms & ORDERED)
-    if ordered and c.query.numbers != c.problem.numbers:
-        return f"operands in another order ({_fmt(c.query.numbers)} vs {_fmt(c.problem.numbers)})"
+    return None
+
+
+#: A number, then the word after it (any script): "8 cm", "2 мА".
+_BOUND = re.compile(r"(?<![A-Za-z0-9_.,])(\d+(?:[.,]\d+)*)\s*([^\W\d_]+)")
+#: Unit prefixes (Latin and Cyrillic): "cm" is "m" with one, "мА" is "А" with one.
+_UNIT_PREFIXES = frozenset("k c m µ μ n d к с м мк н д".split())
+
+
+def _bindings(text: str) -> dict[str, set[str]]:
+    bound: dict[str, set[str]] = {}
+    for value, word in _BOUND.findall(text):
+        bound.setdefault(value, set()).add(word.lower())
+    return bound
+
+
+def prefix_guard(c: Candidate) -> str | None:
+    """A number keeps the magnitude of its unit, read in any script from the word right after it: "8 m" is
+    not "8 cm", "2 мА" is not "2 А" (the same unit with another prefix). Role swaps ("117 mol" for "117 g")
+    were tried too, from the words after numbers; they refused true paraphrases whose number is followed by a
+    function word ("17 and 8 cm", "18 von 72") or another spelling ("180 km" for "180 kilometres"), so they are
+    the judge's to see."""
+    query, entry = _bindings(c.question), _bindings(c.entry.problem)
+    for value, words in sorted(query.items()):
+        for word in sorted(words - entry.get(value, words)):
+            for theirs in sorted(entry[value] - words):
+                longer, shorter = (word, theirs) if len(word) > len(theirs) else (theirs, word)
+                if longer.endswith(shorter) and longer[: len(longer) - len(shorter)] in _UNIT_PREFIXES:
+                    return f"{value} {word} is another magnitude than {value} {theirs}"
     return None
 
 
@@ -239,6 +278,7 @@ DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
     ("script", script_guard),
     ("negation", negation_guard),
     ("numbers", numbers_guard),
+    ("prefix", prefix_guard),
     ("code", code_guard),
     ("terms", terms_guard),
     ("units", units_guard),
@@ -248,7 +288,11 @@ DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
 
 
 #: The guards that run before a judge: what no rewording changes, in any language (the judge reads the rest).
-JUDGED_GUARDS: tuple[tuple[str, Guard], ...] = (("numbers", numbers_guard), ("code", code_guard))
+JUDGED_GUARDS: tuple[tuple[str, Guard], ...] = (
+    ("numbers", number_values_guard),
+    ("prefix", prefix_guard),
+    ("code", code_guard),
+)
 
 
 def load_match_check(spec: str | MatchCheck | None) -> MatchCheck | None:

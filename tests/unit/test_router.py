@@ -15,6 +15,7 @@ from kvgraft_plugin._router import (
     code_guard,
     negation_guard,
     numbers_guard,
+    prefix_guard,
     relations_guard,
     script_guard,
     terms_guard,
@@ -55,6 +56,18 @@ GUARD_CASES = {
             ("17乘以23等于多少？", "What is 17 times 23?"),
             ("What is 17 times 23?", "17加23等于多少？"),  # the entry's side too
             ("What is the force on a 5 Ω resistor?", "What is the force on a 5 Ω resistor?"),
+        ],
+    ),
+    prefix_guard: (
+        [
+            ("A rectangle is 8 cm long and 5 cm wide.", "A rectangle is 8 cm long and 5 cm wide."),
+            ("A 12-volt battery, a 4 ohm resistor.", "A 12 V battery and a 4 ohm resistor."),  # another spelling
+            ("I measured 11, 15 and 8 cm.", "They measure 11 cm, 15 cm and 8 cm."),  # a function word after 15
+        ],
+        [
+            ("Ein Rechteck ist 8 m lang und 5 m breit.", "Ein Rechteck ist 8 cm lang und 5 cm breit."),
+            ("Через резистор 10 Ом течёт ток 2 мА.", "Через резистор 10 Ом течёт ток 2 А."),
+            ("What does a 5 kg mass weigh?", "What does a 5 g mass weigh?"),
         ],
     ),
     numbers_guard: (
