@@ -184,9 +184,13 @@ def test_the_judge_decides_what_the_word_guards_refuse(judged, qwen):
 def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, tmp_path):
     labelled = tmp_path / "labelled.jsonl"
     rows = [
-        {"question": BOIL_REWORDED, "expect_entry": BOIL.id},
-        {"question": BOIL_NEAR_MISS, "expect_entry": None},
-        {"question": "Encode runs of characters as char+count, e.g. 'aaab' -> 'a3b1'.", "expect_entry": None},
+        {"id": "reworded", "question": BOIL_REWORDED, "expect_entry": BOIL.id},
+        {"id": "near-miss", "question": BOIL_NEAR_MISS, "expect_entry": None},
+        {
+            "id": "uncovered",
+            "question": "At what temperature in degrees Celsius does water freeze?",
+            "expect_entry": None,
+        },
     ]
     labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = CliRunner().invoke(
