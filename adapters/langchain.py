@@ -80,7 +80,16 @@ _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
     "swa_full", "repack", "embedder", "key_file", "cache_dir",
 )  # fmt: skip
-_ROUTING_SETTINGS = ("threshold", "margin", "neighbors", "guards", "fallback")
+_ROUTING_SETTINGS = (
+    "threshold",
+    "margin",
+    "neighbors",
+    "guards",
+    "fallback",
+    "judge_model",
+    "judge_threshold",
+    "profile",
+)
 #: (where the library is, the engine settings a caller set, sorted). A setting left unset is not in the key:
 #: the engine takes it from the library's pinned ones, so ``n_batch=512`` and no ``n_batch`` are two engines.
 _PoolKey = tuple[str, tuple[tuple[str, Any], ...]]
@@ -250,6 +259,12 @@ class _KVGraftMixin(_EngineMixin):
     """Neighbours the router considers (default 4)."""
     guards: bool | None = None
     """Run the router's structural guards: a similar problem with another answer never grafts (default on)."""
+    judge_model: str | None = None
+    """A same-problem judge (an instruct model's name or GGUF path, or ``"off"``; default: the library's)."""
+    judge_threshold: float | None = None
+    """The judge's margin a match needs (default: the library's calibrated one)."""
+    profile: Literal["none", "math"] | None = None
+    """With a judge, ``math`` also runs the English word guards (default: the library's, else none)."""
     temperature: float | None = None
     """0 (default) is greedy; above 0 samples with ``seed``."""
     top_k: int | None = None

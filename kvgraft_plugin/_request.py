@@ -19,7 +19,19 @@ from ._state import SavedState
 __all__ = ["ROUTING_SETTINGS", "Plan", "Request", "check_question", "request_config"]
 
 #: Settings a request may override (``stream(routing=...)``): they change the route, never the KV bytes.
-ROUTING_SETTINGS = frozenset({"threshold", "margin", "neighbors", "guards", "match_check", "fallback"})
+ROUTING_SETTINGS = frozenset(
+    {
+        "threshold",
+        "margin",
+        "neighbors",
+        "guards",
+        "match_check",
+        "fallback",
+        "judge_model",
+        "judge_threshold",
+        "profile",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,14 @@ def test_numbers_are_read_next_to_any_script_and_formulas_are_no_calls():
         "How much sodium chloride (NaCl) is there?", Entry("e", "How much NaCl (sodium chloride)?", "s"), 0.9, None
     )
     assert code_guard(c) is None
+
+
+def test_judge_settings_are_per_request_routing_settings():
+    from kvgraft_plugin._config import EngineConfig
+    from kvgraft_plugin._exceptions import ConfigError
+    from kvgraft_plugin._request import request_config
+
+    config = request_config(EngineConfig(), {"judge_model": "off", "judge_threshold": 2.0, "profile": "math"})
+    assert (config.judge_model, config.judge_threshold, config.profile) == ("off", 2.0, "math")
+    with pytest.raises(ConfigError, match="profile"):
+        EngineConfig(profile="physics")
