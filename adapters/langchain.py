@@ -263,8 +263,6 @@ class _KVGraftMixin(_EngineMixin):
     """A same-problem judge (an instruct model's name or GGUF path, or ``"off"``; default: the library's)."""
     judge_threshold: float | None = None
     """The judge's margin a match needs (default: the library's calibrated one)."""
-    profile: Literal["none", "math"] | None = None
-    """With a judge, ``math`` also runs the English word guards (default: the library's, else none)."""
     temperature: float | None = None
     """0 (default) is greedy; above 0 samples with ``seed``."""
     top_k: int | None = None
