@@ -15,12 +15,12 @@ from typing import Any
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
 
-__all__ = ["CurvePoint", "calibrate"]
+__all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
 
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """Routing outcome at one threshold."""
+    """Routing outcome at one threshold (a similarity, or with a judge its margin)."""
 
     threshold: float
     right: int
@@ -69,21 +69,6 @@ def calibrate(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> tupl
     return _point(explained, round((tied[0] + tied[-1]) / 2, 4)), curve
 
 
-@dataclass(frozen=True)
-class JudgePoint:
-    """Routing outcome with a judge at one margin threshold."""
-
-    threshold: float
-    right: int
-    wrong: int
-    covered: int
-
-    @property
-    def recall(self) -> float:
-        """Share of covered queries routed right."""
-        return self.right / self.covered if self.covered else 0.0
-
-
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
 #: refusal or ``None``, judge margin or ``None`` where a guard refused first), best first.
 Judged = list[tuple[str | None, list[tuple[str, float, str | None, float | None]]]]
@@ -96,16 +81,16 @@ def _judged_outcome(candidates: Sequence[tuple[str, float, str | None, float | N
     return None
 
 
-def _judge_point(judged: Judged, margin: float) -> JudgePoint:
+def _judge_point(judged: Judged, margin: float) -> CurvePoint:
     picks = [(expect, _judged_outcome(cands, margin)) for expect, cands in judged]
     right = sum(1 for expect, got in picks if expect is not None and got == expect)
     wrong = sum(1 for expect, got in picks if got is not None and got != expect)
-    return JudgePoint(margin, right, wrong, sum(1 for expect, _ in judged if expect is not None))
+    return CurvePoint(margin, right, wrong, sum(1 for expect, _ in judged if expect is not None))
 
 
 def calibrate_judge(
     engine: GraftEngine, queries: Sequence[Mapping[str, Any]], *, judge_model: str, profile: str = "none"
-) -> tuple[JudgePoint, list[JudgePoint]]:
+) -> tuple[CurvePoint, list[CurvePoint]]:
     """The judge's margin threshold for ``engine``'s library, and the curve it was chosen from.
 
     Every candidate above the library's similarity threshold that passes the guards of ``profile`` is judged

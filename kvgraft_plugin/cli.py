@@ -635,15 +635,20 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
             )
         )
     else:
-        click.echo("threshold  routed right  wrong")
-        for p in curve[:: max(1, len(curve) // 25)]:
-            click.echo(f"{p.threshold:9.3f}  {p.right:5d}/{p.covered:<6d}  {p.wrong:5d}")
-        click.echo(
-            f"chose threshold {chosen.threshold:.4f}: {chosen.right}/{chosen.covered} covered queries routed right, "
-            f"{chosen.wrong} wrong; stored in {library}/manifest.json"
-        )
+        _echo_curve("threshold", curve, f"chose threshold {chosen.threshold:.4f}", chosen, library)
     if was_signed:
         click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)
+
+
+def _echo_curve(what: str, curve: list[Any], choice: str, chosen: Any, library: str) -> None:
+    """A calibration curve, about 25 rows of it, and the choice."""
+    click.echo(f"{what:>12}  routed right  wrong")
+    for p in curve[:: max(1, len(curve) // 25)]:
+        click.echo(f"{p.threshold:12.3f}  {p.right:5d}/{p.covered:<6d}  {p.wrong:5d}")
+    click.echo(
+        f"{choice}: {chosen.right}/{chosen.covered} covered queries routed right, {chosen.wrong} wrong; "
+        f"stored in {library}/manifest.json"
+    )
 
 
 def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, options: dict[str, Any]) -> None:
@@ -665,13 +670,7 @@ def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, op
         points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong} for p in curve]
         click.echo(json.dumps({**record, "curve": points, "resign": was_signed}))
     else:
-        click.echo("judge margin  routed right  wrong")
-        for p in curve[:: max(1, len(curve) // 25)]:
-            click.echo(f"{p.threshold:12.2f}  {p.right:5d}/{p.covered:<6d}  {p.wrong:5d}")
-        click.echo(
-            f"chose judge margin {chosen.threshold:+.2f} for {model}: {chosen.right}/{chosen.covered} covered "
-            f"queries routed right, {chosen.wrong} wrong; stored in {library}/manifest.json"
-        )
+        _echo_curve("judge margin", curve, f"chose judge margin {chosen.threshold:+.2f} for {model}", chosen, library)
     if was_signed:
         click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)
 
