@@ -109,7 +109,9 @@ class Judge:
 
     system, instruction, shots = _SYSTEM, _INSTRUCTION, _SHOTS
 
-    def __init__(self, backend: Backend, *, threshold: float = 0.0, model_id: str = "", cache_size: int = 4096) -> None:
+    def __init__(
+        self, backend: Backend, *, threshold: float = DEFAULT_THRESHOLD, model_id: str = "", cache_size: int = 4096
+    ) -> None:
         self.backend, self.threshold, self.model_id = backend, threshold, model_id
         self._yes, self._no = self._answer_tokens(_YES), self._answer_tokens(_NO)
         self._fed: list[int] = []
@@ -178,7 +180,7 @@ class Judge:
 JUDGE_N_CTX = 2048
 
 
-def open_judge(model: str | Path, *, threshold: float = 0.0, n_threads: int | None = None) -> Judge:
+def open_judge(model: str | Path, *, threshold: float = DEFAULT_THRESHOLD, n_threads: int | None = None) -> Judge:
     """A judge on ``model`` (a catalogue name or a GGUF path), in a context of its own (`JUDGE_N_CTX`).
 
     The model file is memory-mapped, so a judge on the served model shares its weights' pages."""

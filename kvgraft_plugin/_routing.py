@@ -36,6 +36,7 @@ class LibraryRouting:
         self._index: VectorIndex | None = None
         self._routers: dict[tuple[Any, ...], Router] = {}
         self._judges: dict[str, Judge] = {}
+        self._unavailable: set[str] = set()  # the library's judges that are not on this machine (logged once)
 
     @property
     def embedder(self) -> Embedder:
@@ -123,7 +124,7 @@ class LibraryRouting:
         recorded = self.library.routing.get("judge") if self.library is not None else None
         recorded = recorded if isinstance(recorded, dict) else {}
         model = config.judge_model or recorded.get("model")
-        if not model or model == "off":
+        if not model or model == "off" or (model in self._unavailable and not config.judge_model):
             return None
         judge = self._judges.get(model)
         if judge is None:
@@ -132,6 +133,7 @@ class LibraryRouting:
             except ModelError as exc:
                 if config.judge_model:
                     raise
+                self._unavailable.add(model)
                 logger.warning("the library's judge %s is not available (%s): routing without a judge", model, exc)
                 return None
         same = recorded.get("model") == model and recorded.get("prompt") == JUDGE_PROMPT

@@ -118,3 +118,19 @@ def test_a_state_whose_bytes_the_backend_refuses_is_served_by_text_rag(served):
     engine._states._check_payload = refuse  # what Backend.check_state says of bytes it cannot read
     result = engine.ask("What is 17 times 23?", max_tokens=8, stop=[])
     assert result.route == "text-rag" and result.fallback_reason.startswith("integrity: ")
+
+
+def test_a_library_judge_that_is_not_on_this_machine_leaves_the_word_guards(served, caplog):
+    lib, open_engine = served
+    library = Library.open(lib)
+    library.routing = {**library.routing, "judge": {"model": "no-such-judge.gguf", "threshold": 1.0}}
+    library.save()
+    engine = open_engine(lib)
+    with caplog.at_level("WARNING", logger="kvgraft_plugin._routing"):
+        near = engine.ask("What is 17 plus 23?", max_tokens=8, stop=[])
+        graft = engine.ask("What is 17 times 23?", max_tokens=8, stop=[])
+    assert near.route == "plain" and [v["guard"] for v in near.match if not v["passed"]] == ["terms"]  # words decided
+    assert graft.route == "graft"
+    assert sum("no-such-judge.gguf" in r.message for r in caplog.records) == 1  # said once, not per request
+    with pytest.raises(Exception, match="no-such-judge"):  # asked for by name, an absent judge is an error
+        engine.ask("What is 17 times 23?", routing={"judge_model": "no-such-judge.gguf"})
