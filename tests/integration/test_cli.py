@@ -76,6 +76,7 @@ def test_ask_json_contract(cli_library):
         "script",
         "negation",
         "numbers",
+        "prefix",
         "code",
         "terms",
         "units",
