@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import decimal
 import re
 import textwrap
 import unicodedata
@@ -205,7 +206,8 @@ def _notation(text: str) -> str:
 
 
 def _decimal(value: float) -> str:
-    return f"{value:.12f}".rstrip("0").rstrip(".")
+    """``value`` in plain decimal digits, however small or large (1.5e-15 is not 0)."""
+    return format(decimal.Decimal(repr(value)), "f")
 
 
 _TOKEN = re.compile(r"#[a-j]+|[a-z][a-z0-9_']*")

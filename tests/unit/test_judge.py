@@ -169,6 +169,7 @@ def test_numbers_are_read_next_to_any_script_and_formulas_are_no_calls():
     assert signature("17乘以23等于多少？").numbers == (17.0, 23.0)
     assert signature("Сколько будет 17плюс23?").numbers == (17.0, 23.0)
     assert signature("A speed of 3.0e8 m/s and 1.5e-3 s").numbers == (3e8, 1.5e-3)
+    assert signature("h = 6.626e-34 J s").numbers == (6.626e-34,)
     c = Candidate(
         "How much sodium chloride (NaCl) is there?", Entry("e", "How much NaCl (sodium chloride)?", "s"), 0.9, None
     )
