@@ -88,7 +88,6 @@ _ROUTING_SETTINGS = (
     "fallback",
     "judge_model",
     "judge_threshold",
-    "profile",
 )
 #: (where the library is, the engine settings a caller set, sorted). A setting left unset is not in the key:
 #: the engine takes it from the library's pinned ones, so ``n_batch=512`` and no ``n_batch`` are two engines.

@@ -184,9 +184,10 @@ def open_judge(model: str | Path, *, threshold: float = DEFAULT_THRESHOLD, n_thr
     """A judge on ``model`` (a catalogue name or a GGUF path), in a context of its own (`JUDGE_N_CTX`).
 
     The model file is memory-mapped, so a judge on the served model shares its weights' pages."""
+    path = resolve_model(model)  # an absent model is a `ModelError` before llama.cpp is loaded
+
     from .adapters.llama_cpp import LlamaBackend  # llama.cpp is imported by adapters only
 
-    path = resolve_model(model)
     config = LlamaConfig(n_ctx=JUDGE_N_CTX)
     config = config.replace(n_threads=n_threads) if n_threads else config
     name = model_name_of(path) or path.name
