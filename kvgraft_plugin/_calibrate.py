@@ -63,10 +63,16 @@ def calibrate(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> tupl
     explained: Explained = [(q.get("expect_entry"), engine.explain(q["question"])) for q in labelled]
     scores = sorted({round(score, 4) for _, cands in explained for _, score, _ in cands} | {0.3, 0.95})
     curve = [_point(explained, threshold) for threshold in scores]
+    first, last = _best_range(curve)
+    return _point(explained, round((curve[first].threshold + curve[last].threshold) / 2, 4)), curve
+
+
+def _best_range(curve: Sequence[CurvePoint]) -> tuple[int, int]:
+    """The first and last index of the points that graft the fewest wrongly and, among those, the most right."""
     fewest_wrong = min(p.wrong for p in curve)
     best = max(p.right for p in curve if p.wrong == fewest_wrong)
-    tied = [p.threshold for p in curve if p.wrong == fewest_wrong and p.right == best]
-    return _point(explained, round((tied[0] + tied[-1]) / 2, 4)), curve
+    tied = [i for i, p in enumerate(curve) if p.wrong == fewest_wrong and p.right == best]
+    return tied[0], tied[-1]
 
 
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
@@ -123,9 +129,7 @@ def calibrate_judge(
     margins = sorted({m for _, cands in judged for *_, m in cands if m is not None and m != float("-inf")})
     cuts = [m - 0.01 for m in margins] + [margins[-1] + 0.01] if margins else [0.0]
     curve = [_judge_point(judged, cut) for cut in cuts]
-    fewest_wrong = min(p.wrong for p in curve)
-    best = max(p.right for p in curve if p.wrong == fewest_wrong)
-    tied = [i for i, p in enumerate(curve) if p.wrong == fewest_wrong and p.right == best]
-    low = margins[tied[0] - 1] if margins and tied[0] > 0 else cuts[tied[0]]  # the highest margin below the range
-    high = margins[tied[-1]] if margins and tied[-1] < len(margins) else cuts[tied[-1]]
+    first, last = _best_range(curve)
+    low = margins[first - 1] if margins and first > 0 else cuts[first]  # the highest margin below the range
+    high = margins[last] if margins and last < len(margins) else cuts[last]
     return _judge_point(judged, round((low + high) / 2, 3)), curve
