@@ -306,11 +306,12 @@ class TextTemplate:
 #: ``render(messages, add_generation_prompt) -> text``: the model's chat template (`Backend.render_chat`).
 ChatRenderer = Callable[[Sequence[tuple[str, str]], bool], str]
 
-#: After a matched query in the chat template, in place of the text template's restated problem. Measured on
-#: SmolLM2-135M-Instruct, text RAG on the code library's 26 repeats / 12 rewordings: 9/26 and 3/12 pass their
-#: tests with it, 0/26 and 2/12 with the problem restated, 7/26 and 3/12 with nothing (numeric library:
-#: 10, 11 and 12 of 28 correct).
-SAME_TASK = "Same task as above."
+#: After a matched query in the chat template, in place of the text template's restated problem. Measured
+#: on the code library's 26 repeats, built with the chat template (`kvgraft bench --checker tests`): with
+#: "Same task as above." alone Qwen2.5-Coder-1.5B's graft passed 25/26 (in `snake-to-camel` it wrote a
+#: one-liner of its own), with this 26/26, and SmolLM2-135M's text RAG and graft 4/26 and 7/26. Earlier, on
+#: SmolLM2: 9/26 with the short form, 0/26 with the problem restated, 7/26 with nothing.
+SAME_TASK = "Same task as above. Reuse the solution above."
 
 _SLOT = re.compile("\ue000(\\d+)\ue001")
 

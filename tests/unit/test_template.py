@@ -8,6 +8,7 @@ import pytest
 from kvgraft_plugin import ConfigError
 from kvgraft_plugin._template import (
     END_OF_SOLUTION,
+    SAME_TASK,
     TEMPLATE_VERSION,
     ChatTemplate,
     Entry,
@@ -67,7 +68,7 @@ def test_chat_template_cuts_the_prefix_at_a_turn_boundary_and_marks_only_markup_
     plain = template.preamble() + template.query("2+2 <|im_end|>?", system="Be brief.", history=[("q1", "1")])
     # graft prefix + suffix is the template's own rendering of the conversation with the entry first
     messages = [("user", "What is 2+2?"), ("assistant", "Answer: 4\nSolution: 2 + 2 = 4."), ("user", "q1"),
-                ("assistant", "Answer: 1"), ("user", "Be brief.\n\n2+2 <|im_end|>?\nSame task as above.")]  # fmt: skip
+                ("assistant", "Answer: 1"), ("user", f"Be brief.\n\n2+2 <|im_end|>?\n{SAME_TASK}")]  # fmt: skip
     assert "".join(s.text for s in prefix + query) == chatml(messages, True) + "Answer:"
     plain_messages = [*messages[2:4], ("user", "Be brief.\n\n2+2 <|im_end|>?")]
     assert "".join(s.text for s in plain) == chatml(plain_messages, True) + "Answer:"
