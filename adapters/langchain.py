@@ -78,7 +78,7 @@ __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 #: What pins an engine: its llama.cpp context, its embedder and its key. Everything else goes per request.
 _ENGINE_SETTINGS = (
     "model_path", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
-    "swa_full", "repack", "embedder", "key_file", "cache_dir",
+    "swa_full", "repack", "embedder", "key_file", "cache_dir", "max_batch",
 )  # fmt: skip
 _ROUTING_SETTINGS = (
     "threshold",
@@ -202,6 +202,9 @@ class _EngineMixin(BaseModel):
     """Full-size sliding-window cache (default on: needed for exact grafts past ~1000 tokens)."""
     repack: bool | None = None
     """llama.cpp's repacked CPU weights (default off: batches then give one-token steps' logits)."""
+    max_batch: int | None = None
+    """Requests decoded together by the shared engine, each answer bitwise the one it gets alone (default 1:
+    one at a time). LangChain's ``batch``/``abatch`` run their calls concurrently, so they batch with it."""
     embedder: str | None = None
     """sentence-transformers model name or path (default: the library's)."""
     key_file: str | None = None

@@ -23,12 +23,20 @@ from typing import Any, cast
 
 import numpy as np
 
-from .._config import KV_TYPES, LlamaConfig
+from .._config import KV_TYPE_BYTES, KV_TYPES, LlamaConfig
 from .._exceptions import BackendError, ConfigError, ContextOverflowError, IncompatibleStateError, IntegrityError
 from .._fingerprint import chunk_sizes
 from .._sampling import SamplingParams
 from .._state import StateLayout
-from .llama_state import _SEQ_HEADER, _U32, PINNED_VERSION, SEQ_STATE_MAGIC, SeqStateInfo, inspect_seq_state
+from .llama_state import (
+    _SEQ_HEADER,
+    _U32,
+    PINNED_VERSION,
+    SEQ_STATE_MAGIC,
+    SeqStateInfo,
+    for_stream_context,
+    inspect_seq_state,
+)
 
 # ggml's tiled K-quant matmul (CPU backend, batches of 8 or more rows; read once per process, at the first
 # matmul) sums in another order than the one-row kernel: on Gemma 3 Q4_K_M a batch of 8 tokens then gave
@@ -53,6 +61,18 @@ def tiled_matmul() -> bool:
         return int(os.environ.get("GGML_CPU_TILED_MM", "1")) != 0
     except ValueError:  # ggml's atoi reads a non-number as 0
         return False
+
+
+def available_memory() -> int | None:
+    """Bytes of memory free for new allocations now (Linux ``MemAvailable``; ``None`` where unknown)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def grammar_for_json(schema: str | None = None) -> str:
@@ -90,12 +110,18 @@ def _init_llama_backend() -> None:
 
 
 class LlamaBackend:
-    """One GGUF model and one pinned llama.cpp context for a single sequence.
+    """One GGUF model and one pinned llama.cpp context for ``n_seq`` sequences.
 
-    Not thread-safe: the engine serialises calls with its lock.
+    With ``n_seq`` > 1 every sequence has a KV stream of its own of ``n_ctx`` cells (``kv_unified=false``):
+    a sequence decoded beside others then gets bitwise the logits it gets alone (measured on Gemma 3 270M,
+    SmolLM2-135M and Qwen2.5-Coder-1.5B, 2 to 8 sequences; with one unified cache, where the sequences'
+    cells share the attention rows, they differed by up to 2.6). Every call acts on the sequence chosen
+    by `use_sequence` (0 at first); `decode_batch` feeds one token to each of several.
+
+    Not thread-safe: only the engine's worker calls it.
     """
 
-    def __init__(self, model_path: str | Path, config: LlamaConfig) -> None:
+    def __init__(self, model_path: str | Path, config: LlamaConfig, *, n_seq: int = 1) -> None:
         path = Path(model_path)
         if not path.is_file():
             raise ConfigError(f"model file not found: {path}")
@@ -110,12 +136,20 @@ class LlamaBackend:
         if not self._model:
             raise BackendError(f"llama.cpp could not load the model {path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-
+        self.arch = self.meta("general.architecture")
+        self.n_seq = n_seq
+        """Sequences this context holds, each in a KV stream of its own."""
+        try:
+            self._check_memory(n_seq)
+        except ConfigError:
+            llama_cpp.llama_model_free(self._model)
+            raise
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = config.n_ctx
+        cparams.n_ctx = config.n_ctx * n_seq
         cparams.n_batch = config.n_batch
         cparams.n_ubatch = config.n_ubatch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = n_seq == 1
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads
         cparams.type_k = KV_TYPES[config.type_k]
@@ -131,16 +165,80 @@ class LlamaBackend:
             llama_cpp.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not create a context for {path} with {config}")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(max(config.n_batch, n_seq), 0, 1)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        """Positions one sequence may hold."""
         self.n_batch = config.n_batch
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
-        self.arch = self.meta("general.architecture")
         self.layout = _layout(self._model, self.n_swa)
         """What a captured state holds (`StateLayout`)."""
-        self.n_past = 0
-        logger.info("loaded %s (%s, n_swa=%d) with %s", path.name, self.arch, self.n_swa, config)
+        self._seq = 0
+        self._n_past = [0] * n_seq
+        logger.info("loaded %s (%s, n_swa=%d, %d sequences) with %s", path.name, self.arch, self.n_swa, n_seq, config)
+
+    # -- sequences ----------------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Positions the current sequence holds."""
+        return self._n_past[self._seq]
+
+    @n_past.setter
+    def n_past(self, value: int) -> None:
+        self._n_past[self._seq] = value
+
+    def use_sequence(self, seq: int) -> None:
+        """Make ``seq`` the sequence every later call acts on."""
+        if not 0 <= seq < self.n_seq:
+            raise ConfigError(f"sequence {seq} is not one of this context's {self.n_seq}")
+        self._seq = seq
+
+    def decode_batch(self, items: Sequence[tuple[int, int]]) -> None:
+        """Feed one token to each of several sequences, ``(seq, token)`` pairs with distinct sequences, in
+        one llama.cpp batch; ``sampler.sample(i)`` reads item ``i``'s logits."""
+        if not 0 < len(items) <= self.n_seq or len({seq for seq, _ in items}) != len(items):
+            raise ConfigError(f"a batch holds one token for each of 1 to {self.n_seq} distinct sequences")
+        batch = self._batch
+        batch.n_tokens = len(items)
+        for i, (seq, token) in enumerate(items):
+            if self._n_past[seq] >= self.n_ctx:
+                raise ContextOverflowError(f"sequence {seq} holds n_ctx={self.n_ctx} positions already")
+            batch.token[i] = token
+            batch.pos[i] = self._n_past[seq]
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = 1
+        rc = llama_cpp.llama_decode(self._ctx, batch)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with {rc} on a batch of {len(items)} sequences")
+        for seq, _ in items:
+            self._n_past[seq] += 1
+
+    def _check_memory(self, n_seq: int) -> None:
+        """Refuse a context whose KV cache does not fit in the memory free now (llama.cpp would abort)."""
+        if n_seq < 1:
+            raise ConfigError(f"a context holds at least one sequence, got {n_seq}")
+        need = self.kv_bytes_per_token() * self.config.n_ctx * n_seq
+        free = available_memory()
+        if free is not None and need > free:
+            raise ConfigError(
+                f"{n_seq} sequences of n_ctx={self.config.n_ctx} need {need / 2**30:.2f} GiB of KV cache "
+                f"({self.kv_bytes_per_token()} bytes a position each), and {free / 2**30:.2f} GiB is free: "
+                "lower --max-batch or --n-ctx"
+            )
+
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes one position takes in one sequence's cache (every layer; ``swa_full`` keeps the
+        sliding-window layers' cells too)."""
+        n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        n_head_kv = int(llama_cpp.llama_model_n_head_kv(self._model))
+        n_head = int(llama_cpp.llama_model_n_head(self._model))
+        default = int(llama_cpp.llama_model_n_embd(self._model)) // max(n_head, 1)
+        k_len = int(self.meta(f"{self.arch}.attention.key_length") or default)
+        v_len = int(self.meta(f"{self.arch}.attention.value_length") or default)
+        k_size, v_size = KV_TYPE_BYTES[self.config.type_k], KV_TYPE_BYTES[self.config.type_v]
+        return int(n_layer * n_head_kv * (k_len * k_size + v_len * v_size))
 
     # -- model facts --------------------------------------------------------------------------------
 
@@ -233,11 +331,15 @@ class LlamaBackend:
     # -- KV cache -----------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Empty the KV cache (metadata only: zeroing 72 MB of buffers would cost ~8 ms).
+        """Empty the current sequence's KV cache (metadata only: zeroing 72 MB of buffers would cost ~8 ms).
 
-        A cleared context restores and prefills bitwise like a fresh one; the tests check this.
+        A cleared context restores and prefills bitwise like a fresh one; the tests check this. In a context
+        of several sequences only the current one's stream is emptied.
         """
-        llama_cpp.llama_memory_clear(self._mem, False)
+        if self.n_seq == 1:
+            llama_cpp.llama_memory_clear(self._mem, False)
+        elif not llama_cpp.llama_memory_seq_rm(self._mem, self._seq, -1, -1):
+            raise BackendError(f"llama.cpp cannot empty sequence {self._seq}")
         self.n_past = 0
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
@@ -267,7 +369,7 @@ class LlamaBackend:
         """Forget every position from ``n_tokens`` on (llama.cpp's ``llama_memory_seq_rm``)."""
         if n_tokens >= self.n_past:
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_tokens, -1):
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self._seq, n_tokens, -1):
             raise BackendError(f"llama.cpp cannot drop positions {n_tokens}.. of this {self.arch} model's memory")
         self.n_past = n_tokens
 
@@ -294,7 +396,7 @@ class LlamaBackend:
                 batch.token[i] = token
                 batch.pos[i] = self.n_past + i
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
+                batch.seq_id[i][0] = self._seq
                 batch.logits[i] = all_logits
             last = start == len(tokens)
             batch.logits[len(chunk) - 1] = 1 if last else 0
@@ -317,6 +419,8 @@ class LlamaBackend:
             )
         if self.layout.unsupported:
             raise ConfigError(f"{self.arch} models cannot be grafted: {self.layout.unsupported}")
+        if self.n_seq > 1:
+            raise ConfigError("states are captured in a context of one sequence (max_batch=1), as libraries are built")
         payload = self._capture_sequence() if self.layout.recurrent else self._capture_every_cell()
         try:
             inspect_seq_state(payload, self.layout)
@@ -353,20 +457,25 @@ class LlamaBackend:
         return raw
 
     def restore_state(self, payload: bytearray | memoryview, n_tokens: int) -> None:
-        """Clear the cache and load ``payload`` (from `capture_state`) into sequence 0.
+        """Clear the current sequence and load ``payload`` (from `capture_state`) into it.
 
-        ``payload`` must be writable so that ctypes can hand its memory to llama.cpp without a copy.
+        ``payload`` must be writable so that ctypes can hand its memory to llama.cpp without a copy. In a
+        context of several sequences it is framed for their streams first (`for_stream_context`, a copy).
         """
         self.reset()
+        if self.n_seq > 1:
+            if self.layout.recurrent:
+                raise ConfigError("a recurrent state is restored in a context of one sequence only (max_batch=1)")
+            payload = for_stream_context(payload, self.layout, self.n_seq)
         view = memoryview(payload)
         size = view.nbytes
         c_buf = (ctypes.c_uint8 * size).from_buffer(view)
-        read = llama_cpp.llama_state_seq_set_data(self._ctx, c_buf, size, 0)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, c_buf, size, self._seq)
         del c_buf
         if read != size:
             self.reset()
             raise BackendError(f"llama.cpp refused the KV state (read {read} of {size} bytes)")
-        pos_max = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+        pos_max = int(llama_cpp.llama_memory_seq_pos_max(self._mem, self._seq))
         if pos_max != n_tokens - 1:
             self.reset()
             raise BackendError(f"restored cache ends at position {pos_max}, expected {n_tokens - 1}")

@@ -15,7 +15,7 @@ import numpy as np
 from .._exceptions import IntegrityError
 from .._state import StateLayout
 
-__all__ = ["PINNED_VERSION", "SEQ_STATE_MAGIC", "SeqStateInfo", "inspect_seq_state"]
+__all__ = ["PINNED_VERSION", "SEQ_STATE_MAGIC", "SeqStateInfo", "for_stream_context", "inspect_seq_state"]
 
 #: The llama-cpp-python release whose state byte layout `inspect_seq_state` follows.
 PINNED_VERSION = "0.3.36"
@@ -41,6 +41,8 @@ class SeqStateInfo:
     """ggml type ids of the V rows, one per KV section."""
     recurrent_types: tuple[int, ...] = ()
     """ggml type ids of a recurrent state's R and S rows (empty without one)."""
+    kv_spans: tuple[tuple[int, int], ...] = ()
+    """Each KV section's byte range, from its stream count to its last row."""
 
 
 def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayout | None = None) -> SeqStateInfo:
@@ -84,7 +86,9 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
     recurrent_types: tuple[int, ...] = ()
     max_pos = -1
     kv_sections = layout.kv_sections if layout is not None else None
+    kv_spans: list[tuple[int, int]] = []
     while offset < size and (kv_sections is None or len(n_cells) < kv_sections):
+        section_start = offset
         (n_stream,) = _U32.unpack(take(4))
         if n_stream != 1:
             raise IntegrityError(f"KV state has {n_stream} streams; only single-stream contexts are supported")
@@ -102,6 +106,7 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
             section_v = {_read_rows(take, cell_count) for _ in range(n_layer)}
         if len(section_k) != 1 or len(section_v) != 1:
             raise IntegrityError("KV state mixes element types across layers")
+        kv_spans.append((section_start, offset))
         n_cells.append(cell_count)
         k_types.append(section_k.pop())
         v_types.append(section_v.pop())
@@ -121,7 +126,28 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
         raise IntegrityError(f"state has {size - offset} bytes past its last section")
     if not n_cells and not recurrent_types:
         raise IntegrityError("state holds no cache section")
-    return SeqStateInfo(max_pos + 1, tuple(n_cells), tuple(k_types), tuple(v_types), recurrent_types)
+    return SeqStateInfo(max_pos + 1, tuple(n_cells), tuple(k_types), tuple(v_types), recurrent_types, tuple(kv_spans))
+
+
+def for_stream_context(payload: bytes | bytearray | memoryview, layout: StateLayout, n_stream: int) -> bytearray:
+    """A single-stream state (`inspect_seq_state`'s) framed for a context of ``n_stream`` KV streams, one
+    per sequence (``kv_unified=false``).
+
+    ``llama_kv_cache::state_read`` wants a sequence's state to list every stream of the context, and writes
+    each non-empty one into the stream of the sequence it is loaded into. So each KV section keeps its
+    cells and is followed by ``n_stream - 1`` empty streams. A recurrent state has no streams to frame.
+    """
+    info = inspect_seq_state(payload, layout)
+    if layout.recurrent:
+        raise IntegrityError("a recurrent state has no KV streams to frame")
+    view = memoryview(payload).cast("B")
+    out = bytearray(view[: _SEQ_HEADER.size])
+    empty = _U32.pack(0) * (n_stream - 1)
+    for start, end in info.kv_spans:
+        out += _U32.pack(n_stream)
+        out += view[start + 4 : end]
+        out += empty
+    return out
 
 
 def _read_rows(take: Any, cell_count: int) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from ._sampling import SamplingParams
 from ._state import StateLayout
 
-__all__ = ["Backend", "TokenSampler"]
+__all__ = ["Backend", "BatchBackend", "TokenSampler"]
 
 
 class TokenSampler(Protocol):
@@ -100,3 +100,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Free the model and the context."""
+
+
+class BatchBackend(Backend, Protocol):
+    """A `Backend` whose context holds ``n_seq`` sequences, each in a KV stream of its own: every `Backend`
+    call acts on the sequence chosen by `use_sequence`, and `decode_batch` feeds several at once."""
+
+    n_seq: int
+
+    def use_sequence(self, seq: int) -> None:
+        """Make ``seq`` the sequence every later call acts on."""
+
+    def decode_batch(self, items: Sequence[tuple[int, int]]) -> None:
+        """Feed one token to each of several distinct sequences, ``(seq, token)`` pairs, in one batch; the
+        sampler's ``sample(i)`` reads item ``i``'s logits."""

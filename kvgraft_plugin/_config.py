@@ -16,7 +16,7 @@ from typing import Any, Literal
 from ._exceptions import ConfigError
 from ._sampling import SAMPLING_FIELDS, SamplingParams
 
-__all__ = ["KV_TYPES", "EngineConfig", "LlamaConfig", "RouteMode"]
+__all__ = ["KV_TYPES", "KV_TYPE_BYTES", "EngineConfig", "LlamaConfig", "RouteMode"]
 
 RouteMode = Literal["auto", "graft", "text-rag", "plain"]
 FallbackPolicy = Literal["auto", "raise"]
@@ -24,6 +24,10 @@ DecodeMode = Literal["auto", "step", "lookup"]
 
 #: KV cache element types accepted for ``type_k`` / ``type_v``, with their ggml type ids.
 KV_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+#: Bytes per element of each KV type (ggml's block size over its block's bytes).
+KV_TYPE_BYTES: dict[str, float] = {
+    "f32": 4, "f16": 2, "bf16": 2, "q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "q8_0": 34 / 32,
+}  # fmt: skip
 
 
 def import_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -145,6 +149,10 @@ class EngineConfig:
     """``step`` (one token per llama.cpp call), ``lookup`` (tokens drafted from the context, above all the
     grafted entry, verified in batches; exactly step's tokens) or ``auto``: lookup where this build, model
     and settings are proven batch-invariant (`kvgraft doctor --invariance`), else step."""
+    max_batch: int = 1
+    """Requests decoded together (`kvgraft_plugin._scheduler`): each in a sequence of its own of ``n_ctx``
+    positions, one token each per llama.cpp batch. Used only up to the batch measured bitwise equal to
+    serving each alone on this build and model (`kvgraft doctor`); 1 serves requests one at a time."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     """How each token is chosen (greedy by default). Its fields are also flat settings (``temperature``,
     ``top_p``, ``seed``, ...) of `with_settings` and of every request."""
@@ -181,6 +189,8 @@ class EngineConfig:
             raise ConfigError(f"neighbors must be >= 1, got {self.neighbors}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= 64:
+            raise ConfigError(f"max_batch must be an integer from 1 to 64, got {self.max_batch!r}")
         if self.cache_bytes < 0 or self.disk_cache_bytes < 0:
             raise ConfigError(f"cache budgets must be >= 0, got {self.cache_bytes} and {self.disk_cache_bytes}")
         if self.decode not in ("auto", "step", "lookup"):

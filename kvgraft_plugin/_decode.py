@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 
 from ._backend import Backend, TokenSampler
 
-__all__ = ["DecodeStats", "Drafter", "Transcript", "decode_tokens", "lookup_tokens", "step_tokens", "stream_text"]
+__all__ = [
+    "DecodeStats",
+    "Drafter",
+    "TextAssembler",
+    "Transcript",
+    "decode_tokens",
+    "lookup_tokens",
+    "step_tokens",
+    "stream_text",
+]
 
 #: n-gram lengths tried for a draft, longest first. One token alone matches too often to pay for itself.
 NGRAMS = (4, 3, 2)
@@ -214,6 +223,57 @@ class Transcript:
     ended: float = 0.0
 
 
+class TextAssembler:
+    """Tokens in, text out, one token at a time: the text safe to show so far, until a stop string or an
+    end-of-generation token ends it (`done`).
+
+    A tail that could still grow into a stop string is held back. ``trim`` is the template's (an answer's
+    leading whitespace); a stop string only counts in the trimmed text. ``out`` holds the whole text and
+    how it ended once `finish` is called. `stream_text` drives it over a decoder's tokens; the batched
+    scheduler pushes each sequence's tokens as a step makes them.
+    """
+
+    def __init__(self, backend: Backend, *, trim: Callable[[str], str], stop: tuple[str, ...], out: Transcript) -> None:
+        self._backend, self._trim, self._stop, self.out = backend, trim, stop, out
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._raw, self._final, self._emitted = "", "", 0
+        self.done = False
+        """An end-of-generation token or a stop string ended the text: push nothing more."""
+
+    def push(self, token: int) -> str:
+        """Take one decoded token; the text that became safe to show ("" when none)."""
+        out = self.out
+        out.n_decoded += 1
+        if out.first_token is None:
+            out.first_token = time.perf_counter()
+        if self._backend.is_eog(token):
+            out.finish, self.done = "eog", True
+            return ""
+        self._raw += self._decoder.decode(self._backend.token_bytes(token))
+        final = self._trim(self._raw)
+        cut = min((i for s in self._stop if (i := final.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            final, out.finish, self.done = final[:cut], "stop", True
+        self._final = final
+        safe = len(final) if cut >= 0 else len(final) - held_back(final, self._stop)
+        if safe <= self._emitted:
+            return ""
+        piece, self._emitted = final[self._emitted : safe], safe
+        return piece
+
+    def finish(self, *, cancelled: bool = False) -> str:
+        """End the text (``cancelled``: the caller stopped it); the rest held back, if any."""
+        out = self.out
+        if out.finish == "length" and cancelled:
+            out.finish = "cancelled"
+        rest = ""
+        if out.finish != "stop":
+            self._final = self._trim(self._raw + self._decoder.decode(b"", final=True))
+            rest = self._final[self._emitted :]
+        out.text, out.ended = self._final, time.perf_counter()
+        return rest
+
+
 def stream_text(
     tokens: Iterator[int],
     backend: Backend,
@@ -223,39 +283,16 @@ def stream_text(
     cancel: threading.Event,
     out: Transcript,
 ) -> Iterator[str]:
-    """Turn tokens into text until a stop string, an end-of-generation token, the budget or ``cancel``.
-
-    Yields the text as it becomes safe to show: a tail that could still grow into a stop string is held
-    back. ``trim`` is the template's (an answer's leading whitespace); a stop string only counts in the
-    trimmed text. ``out`` holds the whole text and how it ended.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    raw, final, emitted, cut = "", "", 0, -1
+    """Turn tokens into text (`TextAssembler`) until a stop string, an end-of-generation token, the budget or
+    ``cancel``, yielding it as it becomes safe to show. ``out`` holds the whole text and how it ended."""
+    text = TextAssembler(backend, trim=trim, stop=stop, out=out)
     for token in tokens:
-        out.n_decoded += 1
-        if out.first_token is None:
-            out.first_token = time.perf_counter()
-        if backend.is_eog(token):
-            out.finish = "eog"
+        if piece := text.push(token):
+            yield piece
+        if text.done or cancel.is_set():
             break
-        raw += decoder.decode(backend.token_bytes(token))
-        final = trim(raw)
-        cut = min((i for s in stop if (i := final.find(s)) >= 0), default=-1)
-        if cut >= 0:
-            final, out.finish = final[:cut], "stop"
-        safe = len(final) if cut >= 0 else len(final) - held_back(final, stop)
-        if safe > emitted:
-            yield final[emitted:safe]
-            emitted = safe
-        if cut >= 0 or cancel.is_set():
-            break
-    if out.finish == "length" and cancel.is_set():
-        out.finish = "cancelled"
-    if out.finish != "stop":
-        final = trim(raw + decoder.decode(b"", final=True))
-        if len(final) > emitted:
-            yield final[emitted:]
-    out.text, out.ended = final, time.perf_counter()
+    if rest := text.finish(cancelled=cancel.is_set()):
+        yield rest
 
 
 def held_back(text: str, stop: tuple[str, ...]) -> int:

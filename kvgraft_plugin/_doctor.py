@@ -7,9 +7,9 @@ restored under other thread counts and a larger context (the settings the finger
 restore + probe must again equal a fresh prefill + probe, and the bytes written there must equal the
 original's; by default only for the prefix that has ever differed there (`CROSS_CHECKED`), so that a 1.5B
 model's doctor takes minutes, not ten. A row's ``served`` says whether a library would use that setting;
-any served row that is not exact fails the doctor. A last row says how many tokens lookup decoding may
-verify in one batch (`kvgraft_plugin._invariance`): it caps itself there, so that row is exact, and its
-note names the first batch size that differed.
+any served row that is not exact fails the doctor. A row says how many tokens lookup decoding may verify
+in one batch (`kvgraft_plugin._invariance`): it caps itself there, so that row is exact, and its note names
+the first batch size that differed. The last says the same of sequences decoded together (batched serving).
 """
 
 from __future__ import annotations
@@ -77,11 +77,13 @@ def run_doctor(
     threads: tuple[int, ...] = (1, 4),
     larger_ctx: bool = True,
     full: bool = False,
+    max_batch: int = 4,
     progress: Callable[[DoctorRow], None] | None = None,
 ) -> list[DoctorRow]:
     """Run every check with ``engine``'s model and settings (see the module docstring); ``progress`` is called
     with each row as it is done. The other settings restore the `CROSS_CHECKED` prefix, or every prefix
-    with ``full``."""
+    with ``full``. With ``max_batch`` > 1 a last row says how many sequences decode together bitwise as
+    each alone (what ``kvgraft serve --max-batch`` may batch)."""
     rows: list[DoctorRow] = []
 
     def done(row: DoctorRow) -> None:
@@ -116,6 +118,10 @@ def run_doctor(
                 note = "" if same_bytes else "the prefill wrote other KV bytes than the original"
                 done(DoctorRow(f"{label}: restore {name}", diff == 0.0 and same_bytes, True, diff, note))
     done(_lookup_row(engine))
+    if max_batch > 1:
+        config = engine.config.replace(max_batch=max_batch, decode="step")
+        with GraftEngine(None, config=config) as batched:
+            done(_batch_row(batched, max_batch))
     return rows
 
 
@@ -132,6 +138,24 @@ def _lookup_row(engine: GraftEngine) -> DoctorRow:
         f"lookup: batches of up to {report.max_batch} tokens equal one-token steps", True,
         engine.config.decode != "step", 0.0, note,
     )  # fmt: skip
+
+
+def _batch_row(engine: GraftEngine, n_seq: int) -> DoctorRow:
+    report = engine.measure_batching()
+    note = f"batched serving decodes up to {report.max_batch} requests together"
+    if report.max_batch < 2:
+        note = "batched serving is off here: requests are served one at a time"
+    differing = [row for row in report.rows if not row.bitwise]
+    if differing:
+        first = differing[0]
+        note += (
+            f"; {first.k} sequences together differ from each alone by up to {first.max_diff:.3g} (KL {first.kl:.2g})"
+        )
+    if not report.rows:
+        note = "batched serving is not offered for this model (a recurrent state has no KV streams)"
+    return DoctorRow(
+        f"batched: {report.max_batch} of {n_seq} sequences together equal each alone", True, True, 0.0, note
+    )
 
 
 @dataclass

@@ -20,17 +20,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from ._backend import Backend
+from ._backend import Backend, BatchBackend
 from ._config import DecodeMode, EngineConfig, LlamaConfig, RouteMode
 from ._decode import DecodeStats, Transcript, decode_tokens, stream_text
-from ._exceptions import BackendError, EngineClosedError, LibraryError
+from ._exceptions import BackendError, ConfigError, EngineClosedError, LibraryError
 from ._fingerprint import adopt_pinned, make_fingerprint
 from ._index import Embedder, Hit
-from ._invariance import InvarianceReport, LookupBatch
+from ._invariance import InvarianceReport, LookupBatch, SequenceBatch
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key
 from ._models import file_sha256, model_for
 from ._planner import Planner
@@ -39,6 +39,7 @@ from ._request import Plan, Request, check_question, request_config
 from ._result import Capture, GraftChunk, GraftResult
 from ._routing import LibraryRouting
 from ._sampling import SamplingParams
+from ._scheduler import BatchStats, Scheduler, Started
 from ._state import SavedState
 from ._states import StateLoader, capture, restore_diff
 from ._template import AnswerFormat, Entry, Template, TemplateKind, make_template
@@ -84,7 +85,7 @@ class GraftEngine:
             self.config = self.config.replace(llama=adopt_pinned(self.config.llama, library.fingerprint, overrides))
         if backend is None:
             model = model_for(self.config.llama.model_path, library.model if library is not None else None)
-            backend = _load_backend(model, self.config.llama)
+            backend = _load_backend(model, self.config.llama, self.config.max_batch)
         self.backend: Backend = backend
         """The runtime. Call it only on the worker thread: from tools, through `run_exclusive`."""
         self.answer_format: AnswerFormat = self.config.answer_format or (
@@ -111,6 +112,7 @@ class GraftEngine:
             )  # fmt: skip
             self._planner = Planner(library, self.routing, self._states, self.prompts, self.backend.n_ctx)
             self._lookup = LookupBatch(self.fingerprint, self.config.llama.n_threads, self.run_exclusive)
+            self._scheduler = self._batching()
             self._worker.call(self.prompts.preamble)
             if self.config.decode != "step" and not self.backend.layout.recurrent:
                 self._worker.call(lambda: self._lookup.max_batch)  # measured once per build and model, not in a TTFT
@@ -119,6 +121,36 @@ class GraftEngine:
         except BaseException:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise
+
+    def _batching(self) -> Scheduler | None:
+        """A scheduler for up to the measured number of sequences (`SequenceBatch`), or ``None``: serial."""
+        n_seq = getattr(self.backend, "n_seq", 1)
+        self._sequences = SequenceBatch(self.fingerprint, self.config.llama.n_threads, n_seq, self.run_exclusive)
+        if n_seq < 2:
+            return None
+        proven = self._sequences.max_batch
+        if proven < 2:
+            logger.warning(
+                "sequences decoded together are not bitwise equal to each alone on this build and model: "
+                "requests are served one at a time (kvgraft doctor)"
+            )
+            return None
+        if proven < n_seq:
+            logger.warning(
+                "batches of %d sequences are bitwise; of %d they are not: batching %d", proven, n_seq, proven
+            )
+        backend = cast(BatchBackend, self.backend)
+        return Scheduler(backend, self._worker, self._start_batched, trim=self.template.trim, max_batch=proven)
+
+    @property
+    def max_batch(self) -> int:
+        """Requests decoded together at most (1: one at a time)."""
+        return self._scheduler.max_batch if self._scheduler is not None else 1
+
+    @property
+    def batch_stats(self) -> BatchStats | None:
+        """What batched decoding did so far (``None`` when requests are served one at a time)."""
+        return self._scheduler.stats if self._scheduler is not None else None
 
     @property
     def model_path(self) -> Path:
@@ -148,7 +180,7 @@ class GraftEngine:
         For measurements (``kvgraft bench-graft``, ``kvgraft doctor``) that time or probe the runtime itself.
         """
 
-        return self._on_worker(lambda: _then_reset(self.backend, fn))
+        return self._on_worker(lambda: _then_reset(self.backend, fn))  # sequence 0 outside batched decoding
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Token ids of ``text``."""
@@ -201,6 +233,12 @@ class GraftEngine:
         """The largest batch proven bitwise equal to one-token steps here (1: none is). Measured once per
         build, model, settings and thread count (`measure_invariance`), then read from the cache."""
         return self._lookup.max_batch
+
+    def measure_batching(self) -> InvarianceReport:
+        """Measure now whether this engine's sequences decoded together are bitwise equal to each alone (a few
+        seconds; `kvgraft_plugin._invariance.measure_sequences`) and remember it for this fingerprint. The
+        scheduler's batch was fixed when the engine was made."""
+        return self._sequences.measure()
 
     def measure_invariance(self) -> InvarianceReport:
         """Measure batch invariance now (a second or two; `kvgraft_plugin._invariance`), remember it for
@@ -262,16 +300,48 @@ class GraftEngine:
             template_stop=self.template.stop,
         )  # fmt: skip
         cancel = cancel if cancel is not None else threading.Event()
-        yield from self._worker.stream(lambda: self._run(request, config, cancel), cancel)
+        if self._scheduler is None:
+            yield from self._worker.stream(lambda: self._run(request, config, cancel), cancel)
+            return
+        if self._worker.on_thread:
+            raise ConfigError("a request made while another is decoding cannot join its batch: use max_batch=1")
+        yield from self._scheduler.stream(request, config, cancel)
 
     # -- the data path, on the worker thread ------------------------------------------------------------
 
     def _run(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Iterator[GraftChunk]:
-        """One request: route, restore or prefill, decode."""
+        """One request alone: route, restore or prefill, decode."""
+        started, context, n_entry, batch = self._start(request, config, lookup=True)
+        stats, out = DecodeStats(), Transcript()
+        tokens = decode_tokens(
+            self.backend, started.sampler, started.limit, batch=batch, entry=context[:n_entry],
+            rest=context[n_entry:], stop=request.stop, stats=stats,
+        )  # fmt: skip
+        try:
+            for piece in stream_text(
+                tokens, self.backend, trim=self.template.trim, stop=request.stop, cancel=cancel, out=out
+            ):
+                yield GraftChunk(piece)
+        finally:
+            tokens.close()
+            started.sampler.close()
+        yield GraftChunk("", started.finish(out, stats, "lookup" if batch > 1 else "step"))
+
+    def _start(self, request: Request, config: EngineConfig, *, lookup: bool) -> tuple[Started, list[int], int, int]:
+        """Route ``request`` and restore or prefill it into the backend's current sequence: how to decode it,
+        its whole context, how many of its first tokens are the entry's (lookup drafts come from there
+        first) and the lookup batch (1: step decoding; never more without ``lookup``)."""
         start = time.perf_counter()
         phases: dict[str, float] = {}
         plan = self._planner.plan(request, config, phases)
-        batch = self._lookup.for_request(request.decode, self.backend, plan.notes)  # before the prefill: it may measure
+        if lookup:
+            batch = self._lookup.for_request(
+                request.decode, self.backend, plan.notes
+            )  # before the prefill: it may measure
+        else:
+            batch = 1
+            if request.decode == "lookup":
+                plan.notes.append("lookup decoding not used: the request was decoded in a batch with others")
         try:
             self._prefill(plan, phases)
         except BackendError as exc:
@@ -291,23 +361,17 @@ class GraftEngine:
         budget = plan.max_tokens if plan.max_tokens is not None else request.max_tokens
         limit = min(budget, self.backend.n_ctx - self.backend.n_past)
         sampler = self.backend.sampler(request.sampling, context)
-        stats, out = DecodeStats(), Transcript()
-        tokens = decode_tokens(
-            self.backend, sampler, limit, batch=batch, entry=context[:n_entry], rest=context[n_entry:],
-            stop=request.stop, stats=stats,
-        )  # fmt: skip
-        try:
-            for piece in stream_text(
-                tokens, self.backend, trim=self.template.trim, stop=request.stop, cancel=cancel, out=out
-            ):
-                yield GraftChunk(piece)
-        finally:
-            tokens.close()
-            sampler.close()
-        if out.first_token is not None:
-            phases["first_token"] = (out.first_token - out.started) * 1000.0
-        phases["decode"] = (out.ended - out.started) * 1000.0
-        yield GraftChunk("", plan.result(out, stats, "lookup" if batch > 1 else "step", start, phases))
+
+        def finish(out: Transcript, stats: DecodeStats, decoder: str) -> GraftResult:
+            if out.first_token is not None:
+                phases["first_token"] = (out.first_token - out.started) * 1000.0
+            phases["decode"] = (out.ended - out.started) * 1000.0
+            return plan.result(out, stats, decoder, start, phases)
+
+        return Started(sampler, limit, finish), context, n_entry, batch
+
+    def _start_batched(self, request: Request, config: EngineConfig) -> Started:
+        return self._start(request, config, lookup=False)[0]
 
     def _prefill(self, plan: Plan, phases: dict[str, float]) -> None:
         """Restore the state (graft) or clear the cache, then prefill.
@@ -370,6 +434,8 @@ def _open_library(library: str | Path | Library | None, config: EngineConfig) ->
 
 
 def _then_reset(backend: Backend, fn: Callable[[Backend], T]) -> T:
+    if getattr(backend, "n_seq", 1) > 1:
+        cast(BatchBackend, backend).use_sequence(0)
     try:
         return fn(backend)
     finally:
@@ -387,8 +453,14 @@ def _template(config: EngineConfig, library: Library | None, fmt: AnswerFormat, 
     return make_template(kind, fmt, render=render, chat_name=chat_name)
 
 
-def _load_backend(model_path: Path, llama: LlamaConfig) -> Backend:
-    """llama.cpp: imported here only, so that nothing else in the engine needs the native library."""
+def _load_backend(model_path: Path, llama: LlamaConfig, n_seq: int = 1) -> Backend:
+    """llama.cpp, with a KV stream for each of ``n_seq`` sequences: imported here only, so that nothing else
+    in the engine needs the native library. A recurrent model gets one sequence (its state has no streams)."""
     from .adapters.llama_cpp import LlamaBackend
 
-    return LlamaBackend(model_path, llama)
+    backend = LlamaBackend(model_path, llama, n_seq=n_seq)
+    if n_seq > 1 and backend.layout.recurrent:
+        logger.warning("%s is a recurrent model: requests are served one at a time", model_path.name)
+        backend.close()
+        backend = LlamaBackend(model_path, llama)
+    return backend

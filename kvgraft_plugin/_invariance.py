@@ -21,14 +21,24 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ._backend import Backend
+from ._backend import Backend, BatchBackend
 from ._paths import cache_root
 
-__all__ = ["InvarianceReport", "InvarianceRow", "LookupBatch", "MAX_BATCH", "measure", "recall", "remember"]
+__all__ = [
+    "InvarianceReport",
+    "InvarianceRow",
+    "LookupBatch",
+    "MAX_BATCH",
+    "SequenceBatch",
+    "measure",
+    "measure_sequences",
+    "recall",
+    "remember",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +108,65 @@ def measure(backend: Backend, *, max_batch: int = MAX_BATCH) -> InvarianceReport
     backend.reset()
     rows.sort(key=lambda row: (row.k, row.start))
     return InvarianceReport(tuple(row for row in rows if row.k <= proven + 1), proven)
+
+
+#: Decode steps compared per sequence when sequences are measured together, and their prompts' lengths.
+_SEQ_STEPS = 4
+_SEQ_PROMPT, _SEQ_PROMPT_STEP = 12, 9
+
+
+def measure_sequences(backend: Backend) -> InvarianceReport:
+    """Measure whether decoding n sequences together is bitwise equal to decoding each alone, for n = 2 to
+    ``backend.n_seq``; the report's rows end at the first n that differs. Clears every sequence.
+
+    Sequence k gets a prompt of its own length (``12 + 9k`` tokens); alone, it is prefilled and stepped
+    through a continuation in a context with no other cells. Together, the first n are prefilled one after
+    another, each alone (as the scheduler admits them), then fed one token each per batch; every step's
+    logits are compared with ``np.array_equal``. A row's ``k`` is n, its ``start`` the longest prompt."""
+    n_seq = getattr(backend, "n_seq", 1)
+    if n_seq < 2 or backend.layout.recurrent:
+        return InvarianceReport((), 1)
+    backend = cast(BatchBackend, backend)
+    text = backend.tokenize(_TEXT, add_bos=False)
+    lengths = [_SEQ_PROMPT + _SEQ_PROMPT_STEP * k for k in range(n_seq)]
+    end = n_seq + lengths[-1] + _SEQ_STEPS
+    tokens = (text * (end // len(text) + 2))[:end]
+    prompts = [tokens[k : k + n] for k, n in enumerate(lengths)]
+    conts = [tokens[k + n : k + n + _SEQ_STEPS] for k, n in enumerate(lengths)]
+    alone: list[list[np.ndarray]] = []
+    for k in range(n_seq):
+        backend.use_sequence(k)
+        backend.reset()
+        steps = [backend.prefill(prompts[k])]
+        for token in conts[k][:-1]:
+            backend.decode(token)
+            steps.append(backend.logits(-1))
+        alone.append(steps)
+        backend.reset()
+    rows: list[InvarianceRow] = []
+    proven = 1
+    for n in range(2, n_seq + 1):
+        together: list[list[np.ndarray]] = []
+        for k in range(n):
+            backend.use_sequence(k)
+            backend.reset()
+            together.append([backend.prefill(prompts[k])])
+        for step in range(_SEQ_STEPS - 1):
+            backend.decode_batch([(k, conts[k][step]) for k in range(n)])
+            for k in range(n):
+                together[k].append(backend.logits(k))
+        row = _compare(
+            n, lengths[n - 1], [s for k in range(n) for s in alone[k]], [s for k in range(n) for s in together[k]]
+        )
+        rows.append(row)
+        for k in range(n):
+            backend.use_sequence(k)
+            backend.reset()
+        if not row.bitwise:
+            break
+        proven = n
+    backend.use_sequence(0)
+    return InvarianceReport(tuple(rows), proven)
 
 
 def _compare(k: int, start: int, steps: list[np.ndarray], batch: list[np.ndarray]) -> InvarianceRow:
@@ -191,3 +260,26 @@ class LookupBatch:
         if batch < 2 and decode == "lookup":
             notes.append(f"lookup decoding not used: {reason} (kvgraft doctor --invariance)")
         return max(batch, 1)
+
+
+class SequenceBatch(LookupBatch):
+    """The most sequences the scheduler may decode together for one runtime (its fingerprint, thread count
+    and ``n_seq``): measured once (`measure_sequences`), then read from the same cache as `LookupBatch`."""
+
+    def __init__(
+        self,
+        fingerprint: dict[str, Any],
+        n_threads: int,
+        n_seq: int,
+        run_exclusive: Callable[[Callable[[Backend], InvarianceReport]], Any],
+    ) -> None:
+        super().__init__(fingerprint, n_threads, run_exclusive)
+        self.key = {**self.key, "sequences": n_seq}
+
+    def measure(self) -> InvarianceReport:
+        """Measure now, remember the result and use it from now on."""
+        report: InvarianceReport = self._run_exclusive(measure_sequences)
+        logger.info("sequences decoded together bitwise as alone: up to %d", report.max_batch)
+        remember(self.key, report)
+        self._max_batch = report.max_batch
+        return report

@@ -41,6 +41,11 @@ class Worker:
             return fn()
         return self._pool.submit(fn).result()
 
+    def submit(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn()`` on the worker thread and return at once (its result is dropped: ``fn`` reports
+        through its own channels)."""
+        self._pool.submit(fn)
+
     def stream(self, produce: Callable[[], Iterator[T]], cancel: threading.Event) -> Iterator[T]:
         """The items of ``produce()``, made on the worker thread and handed to the caller's as they come.
 

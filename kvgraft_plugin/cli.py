@@ -697,9 +697,23 @@ def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, op
     help="Instead, measure how many tokens one batch may hold and still give bitwise the logits of one-token "
     "steps (what lookup decoding may verify at once), and remember it.",
 )
+@click.option(
+    "--max-batch",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Also measure whether this many sequences decode together bitwise as each alone (1: skip).",
+)
 @llama_options
 def doctor(
-    as_json: bool, threads: str, larger_ctx: bool, full: bool, arch_matrix: bool, invariance: bool, **options: Any
+    as_json: bool,
+    threads: str,
+    larger_ctx: bool,
+    full: bool,
+    arch_matrix: bool,
+    invariance: bool,
+    max_batch: int,
+    **options: Any,
 ) -> None:
     """Will grafting be exact for this model on this machine? Exit 1 if a served setting is inexact."""
     from ._doctor import run_doctor
@@ -718,7 +732,9 @@ def doctor(
         click.echo(f"[{time.perf_counter() - started:6.1f} s] {row.check}: {mark}", err=True)
 
     with _engine(None, options) as engine:
-        rows = run_doctor(engine, threads=counts, larger_ctx=larger_ctx, full=full, progress=progress)
+        rows = run_doctor(
+            engine, threads=counts, larger_ctx=larger_ctx, full=full, max_batch=max_batch, progress=progress
+        )
         model = engine.model_path.name
     failed = [r for r in rows if r.served and not r.exact]
     if as_json:
@@ -987,6 +1003,14 @@ def sign(library: str, cache_dir: str | None, key_file: str) -> None:
 @click.option(
     "--max-queue", default=64, show_default=True, type=click.IntRange(0), help="Requests that may wait; then 503."
 )
+@click.option(
+    "--max-batch",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Requests decoded together, each in a KV stream of its own (n_ctx positions each), up to the batch "
+    "measured bitwise equal to serving each alone here (kvgraft doctor); 1: one at a time.",
+)
 @click.option("--max-tokens", type=int, help="Default decode budget when a request sets none (default 64).")
 @click.option("--ray", "on_ray", is_flag=True, help="Run --replicas engines on Ray Serve behind its HTTP proxy.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Engines, with --ray.")
@@ -999,6 +1023,7 @@ def serve(
     port: int,
     api_key_file: str | None,
     max_queue: int,
+    max_batch: int,
     max_tokens: int | None,
     on_ray: bool,
     replicas: int,
@@ -1015,19 +1040,21 @@ def serve(
     api_key = Path(api_key_file).read_text(encoding="utf-8").strip() if api_key_file else None
     if api_key_file and not api_key:
         raise click.ClickException(f"{api_key_file} is empty")
-    make_config(options, max_tokens=max_tokens)  # a bad option fails before the model loads
+    make_config(options, max_tokens=max_tokens, max_batch=max_batch)  # a bad option fails before the model loads
     if on_ray:
         try:
             from .serve.ray import serve_on_ray
         except ImportError as exc:  # pragma: no cover - only without the extra
             raise click.ClickException(f"kvgraft serve --ray needs: pip install 'kvgraft-plugin[ray]' ({exc})") from exc
-        settings = {k: v for k, v in {**options, "max_tokens": max_tokens}.items() if v is not None}
+        settings = {
+            k: v for k, v in {**options, "max_tokens": max_tokens, "max_batch": max_batch}.items() if v is not None
+        }
         serve_on_ray(library, settings, host=host, port=port, replicas=replicas, api_key=api_key, max_queue=max_queue)
         return
     if replicas != 1:
         raise click.UsageError("--replicas needs --ray")
     run_server(
-        lambda: _engine(library, options, max_tokens=max_tokens),
+        lambda: _engine(library, options, max_tokens=max_tokens, max_batch=max_batch),
         host=host, port=port, api_key=api_key, max_queue=max_queue,
     )  # fmt: skip
 

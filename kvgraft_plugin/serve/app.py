@@ -1,7 +1,8 @@
 """``kvgraft serve``: an OpenAI-compatible HTTP API over one `GraftEngine`.
 
-Requests run on the engine's worker one at a time, in arrival order; at most ``max_queue`` wait behind the
-running one, and the next gets a 503. A streaming client that disconnects cancels its request at the next
+Requests run on the engine's worker: up to the engine's ``max_batch`` decoded together (each answer bitwise
+the one it gets alone, `kvgraft_plugin._scheduler`), one at a time with 1. At most ``max_queue`` wait
+behind the running ones, and the next gets a 503. A streaming client that disconnects cancels its request at the next
 token. Every answer carries a ``kvgraft`` object (route, entry, score, fallback reason, restored tokens,
 TTFT) and OpenAI ``usage`` with the restored tokens as cached prompt tokens.
 
@@ -29,6 +30,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -89,6 +91,12 @@ class Metrics:
             "kvgraft_responses", "Every HTTP response, by status and reason", ["status", "reason"], registry=r
         )
 
+    def watch(self, engine: GraftEngine) -> None:
+        """Also report ``engine``'s batched decoding (`BatchStats`): ``kvgraft_batch_size`` (a histogram of
+        the sequences in each decode step) and ``kvgraft_decode_tokens_per_second`` (tokens decoded per
+        second of stepping), read at every scrape."""
+        self.registry.register(_BatchCollector(engine))
+
     def responded(self, status: int, reason: str) -> None:
         """Count one HTTP response."""
         self.responses.labels(str(status), reason).inc()
@@ -103,6 +111,26 @@ class Metrics:
         self.tokens.labels("accepted").inc(result.accepted_tokens)
         self.ttft.observe(result.ttft_ms / 1000)
         self.latency.observe(result.total_ms / 1000)
+
+
+class _BatchCollector:
+    """`Metrics.watch`'s collector: the engine's `BatchStats` as they are at a scrape."""
+
+    BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+    def __init__(self, engine: GraftEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.engine.batch_stats
+        steps = dict(stats.steps) if stats is not None else {}
+        buckets = [(str(bound), sum(n for size, n in steps.items() if size <= bound)) for bound in self.BUCKETS]
+        histogram = HistogramMetricFamily("kvgraft_batch_size", "Sequences decoded together in each decode step")
+        total = sum(steps.values())
+        histogram.add_metric([], [*buckets, ("+Inf", total)], sum_value=sum(size * n for size, n in steps.items()))
+        yield histogram
+        speed = stats.tokens_per_second if stats is not None else 0.0
+        yield GaugeMetricFamily("kvgraft_decode_tokens_per_second", "Tokens decoded per second of stepping", speed)
 
 
 class _CountResponses:
@@ -159,13 +187,14 @@ def _validation_problem(error: Any) -> str:
 
 
 class _Slots:
-    """The engine's queue as the server sees it: one running request and up to ``max_queue`` waiting."""
+    """The engine's queue as the server sees it: ``running`` requests decoding (the engine's ``max_batch``)
+    and up to ``max_queue`` waiting."""
 
-    def __init__(self, max_queue: int, metrics: Metrics) -> None:
-        self.max_queue, self.metrics, self.active = max_queue, metrics, 0
+    def __init__(self, max_queue: int, metrics: Metrics, running: int = 1) -> None:
+        self.max_queue, self.metrics, self.running, self.active = max_queue, metrics, running, 0
 
     def enter(self) -> None:
-        if self.active > self.max_queue:
+        if self.active >= self.running + self.max_queue:
             self.metrics.rejected.labels("queue_full").inc()
             raise ApiError(503, f"the queue is full ({self.max_queue} waiting)", "server_error", "queue_full")
         self.active += 1
@@ -180,7 +209,8 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
     """The FastAPI app serving ``engine`` (the caller owns the engine and closes it after the server)."""
     app = FastAPI(title="kvgraft", docs_url=None, redoc_url=None)
     metrics = Metrics()
-    slots = _Slots(max_queue, metrics)
+    metrics.watch(engine)
+    slots = _Slots(max_queue, metrics, engine.max_batch)
     name = model_name_of(Path(engine.model_path))
     model_ids = (MODEL_ID, Path(engine.model_path).stem, *((name,) if name else ()))
 

@@ -30,6 +30,7 @@ def test_doctor_passes_on_both_bundled_models(request, model, args):
     checks = " ".join(r["check"] for r in rows)
     assert "one-token tail chunk" in checks and "past n_ubatch" in checks
     assert "n_threads=" not in checks and "lookup: batches of up to 16 tokens" in checks
+    assert rows[-1]["check"] == "batched: 4 of 4 sequences together equal each alone"
 
 
 @pytest.mark.slow

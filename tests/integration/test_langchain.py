@@ -329,3 +329,23 @@ def test_a_script_that_never_releases_its_model_exits_cleanly(small_library, gem
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "391"), done.stderr[-2000:]
+
+
+def test_batch_and_abatch_decode_together_and_answer_as_one_at_a_time(engine):
+    """LangChain runs ``batch``'s calls concurrently: with ``max_batch`` the shared engine decodes them
+    together, and every answer is the one-at-a-time engine's."""
+    import asyncio
+
+    questions = ["What is 17 times 23?", "What is the capital of France?", "Solve for x: 5x - 7 = 3x + 9.", "Hi."]
+    serial = [ChatKVGraft(engine=engine, max_tokens=12).invoke(q) for q in questions]
+    batched = ChatKVGraft(**params(), max_batch=4, max_tokens=12)
+    try:
+        assert batched._get_engine().max_batch == 4
+        replies = batched.batch(questions)
+        areplies = asyncio.run(batched.abatch(questions))
+        assert batched._get_engine().batch_stats.steps  # decode steps ran in the scheduler
+    finally:
+        batched.release()
+    expected = [(m.content, m.response_metadata["route"]) for m in serial]
+    assert [(m.content, m.response_metadata["route"]) for m in replies] == expected
+    assert [(m.content, m.response_metadata["route"]) for m in areplies] == expected

@@ -99,21 +99,86 @@ def test_streams_equal_the_whole_answer(server, expected):
 
 
 def test_uncovered_questions_do_not_graft_and_concurrent_requests_equal_serial_answers(server, expected):
+    """Four clients at once, streamed and not, grafted and plain: the server decodes them together
+    (``--max-batch 4`` by default) and each gets the serial engine's answer and route."""
     from concurrent.futures import ThreadPoolExecutor
 
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{server}/v1", api_key=KEY)
 
-    def ask(question):
-        return client.completions.create(model="kvgraft", prompt=question, max_tokens=16)
+    def ask(item):
+        i, question = item
+        if i % 2:
+            pieces = list(client.completions.create(model="kvgraft", prompt=question, max_tokens=16, stream=True))
+            closing = next(p for p in pieces if p.choices and p.choices[0].finish_reason)
+            return "".join(p.choices[0].text for p in pieces if p.choices), closing.model_extra["kvgraft"]
+        reply = client.completions.create(model="kvgraft", prompt=question, max_tokens=16)
+        return reply.choices[0].text, reply.model_extra["kvgraft"]
 
+    before = _batch_steps(server)
     with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(ask, CONCURRENT))
-    assert [r.choices[0].text for r in replies] == [e.text for e in expected[2]]
-    assert [r.model_extra["kvgraft"]["route"] for r in replies] == [e.route for e in expected[2]]
-    assert replies[1].model_extra["kvgraft"]["route"] == "plain"  # uncovered
-    assert replies[1].model_extra["kvgraft"]["fallback_reason"].startswith("no-match")
+        replies = list(pool.map(ask, enumerate(CONCURRENT)))
+    assert [text for text, _ in replies] == [e.text for e in expected[2]]
+    assert [extra["route"] for _, extra in replies] == [e.route for e in expected[2]]
+    assert replies[1][1]["route"] == "plain"  # uncovered
+    assert replies[1][1]["fallback_reason"].startswith("no-match")
+    assert _batch_steps(server) > before
+
+
+def _batch_steps(url: str) -> float:
+    """Decode steps the server has run in batches (its ``kvgraft_batch_size`` histogram's count)."""
+    return _sample(
+        httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text, "kvgraft_batch_size_count"
+    )
+
+
+def test_a_load_of_200_requests_is_answered_or_refused_and_counted(small_library, gemma_path, tmp_path):
+    """200 requests from 16 clients at once with 4 decoding and 8 waiting: each gets its answer or a 503,
+    none is lost, and /metrics counts them all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, url = start(small_library, gemma_path, tmp_path, "--max-queue", "8", "--max-batch", "4")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    questions = [QUESTION, "Name a colour.", "What is the greatest common divisor of 84 and 126?", "Say hi."]
+
+    def post(i):
+        body = {"model": "kvgraft", "prompt": questions[i % 4], "max_tokens": 4}
+        reply = httpx.post(f"{url}/v1/completions", headers=headers, json=body, timeout=120)
+        return reply.status_code, reply.json()
+
+    try:
+        before = httpx.get(f"{url}/metrics", headers=headers).text  # after the start's /health polls
+        with ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(post, range(200)))
+        statuses = [status for status, _ in replies]
+        assert set(statuses) <= {200, 503} and statuses.count(200) > 0
+        assert all(body["error"]["code"] == "queue_full" for status, body in replies if status == 503)
+        texts = [body["choices"][0]["text"] for i, (status, body) in enumerate(replies) if status == 200 and i % 4 == 0]
+        assert texts and set(texts) == {"391"}
+        metrics = httpx.get(f"{url}/metrics", headers=headers).text
+        ok = _sample(metrics, "kvgraft_responses_total", status="200", reason="ok")
+        # the 200s since "before": the completions, and the /metrics response that "before" is the page of
+        assert ok - _sample(before, "kvgraft_responses_total", status="200", reason="ok") == statuses.count(200) + 1
+        assert _sample(metrics, "kvgraft_responses_total", status="503", reason="queue_full") == statuses.count(503)
+        assert _sample(metrics, "kvgraft_rejected_total", reason="queue_full") == statuses.count(503)
+        assert _sample(metrics, "kvgraft_requests_total") == statuses.count(200)  # every route
+        assert _sample(metrics, "kvgraft_queue_depth") == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def _sample(metrics: str, name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` whose labels include ``labels``, in a Prometheus text page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        float(sample.value)
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def test_sampling_settings_and_response_format(server, expected):
@@ -185,7 +250,7 @@ def test_metrics_count_routes_and_restored_tokens(server):
 
 
 def test_full_queue_answers_503_and_a_disconnect_cancels(small_library, gemma_path, tmp_path):
-    proc, url = start(small_library, gemma_path, tmp_path, "--max-queue", "0")
+    proc, url = start(small_library, gemma_path, tmp_path, "--max-queue", "0", "--max-batch", "1")
     headers = {"Authorization": f"Bearer {KEY}"}
     long = {
         "model": "kvgraft",

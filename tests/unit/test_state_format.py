@@ -13,7 +13,7 @@ from kvgraft_plugin._state import (
     encode_state,
     read_file,
 )
-from kvgraft_plugin.adapters.llama_state import SEQ_STATE_MAGIC, inspect_seq_state
+from kvgraft_plugin.adapters.llama_state import SEQ_STATE_MAGIC, for_stream_context, inspect_seq_state
 
 FP = {"gguf_sha256": "ab" * 32, "type_k": "f16", "flash_attn": False}
 
@@ -153,3 +153,25 @@ def test_inspect_walks_a_recurrent_state_by_its_layout():
         inspect_seq_state(make_payload(), StateLayout(2))
     assert inspect_seq_state(make_payload(sections=2), StateLayout(2)).n_cells == (5, 5)
     assert StateLayout(2, recurrent=True).describe() == "attention KV (base + sliding-window caches) + recurrent state"
+
+
+def test_a_state_is_framed_for_a_context_of_several_streams():
+    """Each KV section lists every stream of the context: its own cells, then empty streams (cell count 0),
+    as ``llama_kv_cache::state_read`` wants for a sequence of a ``kv_unified=false`` context."""
+    payload = make_payload(n_tokens=6, sections=2)
+    info = inspect_seq_state(payload, StateLayout(2))
+    framed = for_stream_context(payload, StateLayout(2), 4)
+    assert len(framed) == len(payload) + 2 * 3 * 4
+    assert framed[:8] == payload[:8]
+    offset = 8
+    for start, end in info.kv_spans:
+        assert struct.unpack_from("<I", framed, offset)[0] == 4
+        body = payload[start + 4 : end]
+        assert framed[offset + 4 : offset + 4 + len(body)] == body
+        offset += 4 + len(body)
+        assert struct.unpack_from("<3I", framed, offset) == (0, 0, 0)
+        offset += 12
+    assert offset == len(framed)
+    assert for_stream_context(payload, StateLayout(2), 1) == payload
+    with pytest.raises(IntegrityError):
+        for_stream_context(make_recurrent(), StateLayout(0, recurrent=True), 2)
