@@ -112,7 +112,9 @@ class GraftEngine:
             )  # fmt: skip
             self._planner = Planner(library, self.routing, self._states, self.prompts, self.backend.n_ctx)
             self._lookup = LookupBatch(self.fingerprint, self.config.llama.n_threads, self.run_exclusive)
-            self._scheduler = self._batching()
+            n_seq = getattr(self.backend, "n_seq", 1)
+            self._sequences = SequenceBatch(self.fingerprint, self.config.llama.n_threads, n_seq, self.run_exclusive)
+            self._scheduler = self._batching(n_seq)
             self._worker.call(self.prompts.preamble)
             if self.config.decode != "step" and not self.backend.layout.recurrent:
                 self._worker.call(lambda: self._lookup.max_batch)  # measured once per build and model, not in a TTFT
@@ -122,10 +124,8 @@ class GraftEngine:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise
 
-    def _batching(self) -> Scheduler | None:
+    def _batching(self, n_seq: int) -> Scheduler | None:
         """A scheduler for up to the measured number of sequences (`SequenceBatch`), or ``None``: serial."""
-        n_seq = getattr(self.backend, "n_seq", 1)
-        self._sequences = SequenceBatch(self.fingerprint, self.config.llama.n_threads, n_seq, self.run_exclusive)
         if n_seq < 2:
             return None
         proven = self._sequences.max_batch
@@ -180,7 +180,7 @@ class GraftEngine:
         For measurements (``kvgraft bench-graft``, ``kvgraft doctor``) that time or probe the runtime itself.
         """
 
-        return self._on_worker(lambda: _then_reset(self.backend, fn))  # sequence 0 outside batched decoding
+        return self._on_worker(lambda: _then_reset(self.backend, fn))
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Token ids of ``text``."""
@@ -311,8 +311,9 @@ class GraftEngine:
 
     def _run(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Iterator[GraftChunk]:
         """One request alone: route, restore or prefill, decode."""
-        started, context, n_entry, batch = self._start(request, config, lookup=True)
+        started = self._start(request, config, lookup=True)
         stats, out = DecodeStats(), Transcript()
+        context, n_entry, batch = started.context, started.n_entry, started.lookup
         tokens = decode_tokens(
             self.backend, started.sampler, started.limit, batch=batch, entry=context[:n_entry],
             rest=context[n_entry:], stop=request.stop, stats=stats,
@@ -327,10 +328,9 @@ class GraftEngine:
             started.sampler.close()
         yield GraftChunk("", started.finish(out, stats, "lookup" if batch > 1 else "step"))
 
-    def _start(self, request: Request, config: EngineConfig, *, lookup: bool) -> tuple[Started, list[int], int, int]:
-        """Route ``request`` and restore or prefill it into the backend's current sequence: how to decode it,
-        its whole context, how many of its first tokens are the entry's (lookup drafts come from there
-        first) and the lookup batch (1: step decoding; never more without ``lookup``)."""
+    def _start(self, request: Request, config: EngineConfig, *, lookup: bool) -> Started:
+        """Route ``request`` and restore or prefill it into the backend's current sequence: how to decode it
+        (with ``lookup``, the batch lookup decoding may verify; without, step decoding)."""
         start = time.perf_counter()
         phases: dict[str, float] = {}
         plan = self._planner.plan(request, config, phases)
@@ -368,10 +368,10 @@ class GraftEngine:
             phases["decode"] = (out.ended - out.started) * 1000.0
             return plan.result(out, stats, decoder, start, phases)
 
-        return Started(sampler, limit, finish), context, n_entry, batch
+        return Started(sampler, limit, finish, context, n_entry, batch)
 
     def _start_batched(self, request: Request, config: EngineConfig) -> Started:
-        return self._start(request, config, lookup=False)[0]
+        return self._start(request, config, lookup=False)
 
     def _prefill(self, plan: Plan, phases: dict[str, float]) -> None:
         """Restore the state (graft) or clear the cache, then prefill.

@@ -47,6 +47,12 @@ class Started:
     """Tokens it may decode."""
     finish: Callable[[Transcript, DecodeStats, str], GraftResult]
     """Its result, from the transcript, the decoder's stats and the decoder's name."""
+    context: list[int] = field(default_factory=list)
+    """Every token in its sequence: restored, then prefilled."""
+    n_entry: int = 0
+    """How many of the first are the entry's (lookup drafts come from there first)."""
+    lookup: int = 1
+    """The batch lookup decoding may verify (1: step decoding)."""
 
 
 @dataclass
@@ -94,8 +100,8 @@ _END = _End()
 class Scheduler:
     """Decodes up to ``max_batch`` requests together on ``worker``.
 
-    ``start(request, config, notes)`` routes a request and prefills it into the backend's current sequence
-    (the engine's `GraftEngine._start`); ``trim`` is the template's.
+    ``start(request, config)`` routes a request and restores or prefills it into the backend's current
+    sequence (the engine's `GraftEngine._start`); ``trim`` is the template's.
     """
 
     def __init__(
