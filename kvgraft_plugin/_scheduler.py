@@ -123,11 +123,6 @@ class Scheduler:
         self._active: list[_Active] = []
         self._free = list(range(max_batch - 1, -1, -1))
 
-    @property
-    def waiting(self) -> int:
-        """Requests not yet admitted."""
-        return len(self._waiting)
-
     def stream(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Iterator[GraftChunk]:
         """``request``'s chunks, decoded beside the other active requests; the last carries the result.
         Closing the iterator early cancels the request at its next step."""
@@ -178,15 +173,15 @@ class Scheduler:
                 if not self._waiting:
                     return
                 job = self._waiting.popleft()
-            if job.cancel.is_set():
-                job.items.put(_END)
-                continue
             seq = self._free.pop()
             self._backend.use_sequence(seq)
+            started = None
             try:
                 started = self._start(job.request, job.config)
                 token = started.sampler.sample()
             except Exception as exc:  # this request fails alone, as it would serially
+                if started is not None:
+                    started.sampler.close()
                 self._backend.reset()
                 self._free.append(seq)
                 job.items.put(exc)

@@ -157,3 +157,13 @@ def test_a_request_from_inside_a_batched_request_is_refused(batched):
     engine, _ = batched(2)
     with pytest.raises(ConfigError, match="max_batch=1"):
         engine.run_exclusive(lambda backend: engine.ask("nested"))
+
+
+def test_a_request_cancelled_before_it_starts_ends_with_a_result_as_serially(batched):
+    serial, _ = batched(1)
+    engine, _ = batched(2)
+    cancel = threading.Event()
+    cancel.set()
+    expected = serial.ask(QUESTIONS[4], cancel=cancel)
+    result = engine.ask(QUESTIONS[4], cancel=cancel)
+    assert (result.text, result.finish_reason, result.decode_tokens) == (expected.text, "cancelled", 1)
