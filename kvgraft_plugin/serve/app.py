@@ -52,6 +52,9 @@ MODEL_ID = "kvgraft"
 _FINISH = {"stop": "stop", "eog": "stop", "length": "length", "cancelled": "stop"}
 #: The ``request.state`` attribute an error response leaves its reason in, for `_CountResponses`.
 _REASON = "kvgraft_reason"
+#: How long a stream in flight may run on after SIGTERM (sse-starlette cancels streams at once without
+#: it, and then a request that had begun decoding lost its end); uvicorn waits 5 s more.
+_DRAIN_SECONDS = 25
 #: OpenAI error codes of the framework's own HTTP errors.
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -304,7 +307,9 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
             lease = _Lease(slots, metrics, chunks, cancel)
             events = _events(reply, first, chunks, lease, include_usage=body.include_usage)
             # the background task ends the lease too when the client leaves before the stream starts
-            return EventSourceResponse(events, ping=15, background=BackgroundTask(lease.end))
+            return EventSourceResponse(
+                events, ping=15, background=BackgroundTask(lease.end), shutdown_grace_period=_DRAIN_SECONDS
+            )
         try:
             result = await anyio.to_thread.run_sync(_drain, first, chunks)
         finally:
@@ -443,7 +448,7 @@ def serve(
     with engine_factory() as engine:
         app = create_app(engine, api_key=api_key, max_queue=max_queue)
         logger.info("serving %s on http://%s:%d", engine.model_path, host, port)
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=_DRAIN_SECONDS + 5)
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:
