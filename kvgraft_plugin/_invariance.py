@@ -237,10 +237,14 @@ class LookupBatch:
             self._max_batch = remembered if remembered is not None else self.measure().max_batch
         return self._max_batch
 
+    #: What is measured, and how its result is logged.
+    _measure: Callable[[Backend], InvarianceReport] = staticmethod(measure)
+    _measured = "batch invariance measured: lookup decoding may verify %d tokens at once"
+
     def measure(self) -> InvarianceReport:
         """Measure now, remember the result for ``key`` and use it from now on."""
-        report: InvarianceReport = self._run_exclusive(measure)
-        logger.info("batch invariance measured: lookup decoding may verify %d tokens at once", report.max_batch)
+        report: InvarianceReport = self._run_exclusive(self._measure)
+        logger.info(self._measured, report.max_batch)
         remember(self.key, report)
         self._max_batch = report.max_batch
         return report
@@ -276,10 +280,5 @@ class SequenceBatch(LookupBatch):
         super().__init__(fingerprint, n_threads, run_exclusive)
         self.key = {**self.key, "sequences": n_seq}
 
-    def measure(self) -> InvarianceReport:
-        """Measure now, remember the result and use it from now on."""
-        report: InvarianceReport = self._run_exclusive(measure_sequences)
-        logger.info("sequences decoded together bitwise as alone: up to %d", report.max_batch)
-        remember(self.key, report)
-        self._max_batch = report.max_batch
-        return report
+    _measure = staticmethod(measure_sequences)
+    _measured = "sequences decoded together bitwise as alone: up to %d"
