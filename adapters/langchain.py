@@ -88,6 +88,7 @@ _ROUTING_SETTINGS = (
     "fallback",
     "judge_model",
     "judge_threshold",
+    "judge_mode",
 )
 #: (where the library is, the engine settings a caller set, sorted). A setting left unset is not in the key:
 #: the engine takes it from the library's pinned ones, so ``n_batch=512`` and no ``n_batch`` are two engines.
@@ -265,6 +266,9 @@ class _KVGraftMixin(_EngineMixin):
     """A same-problem judge (an instruct model's name or GGUF path, or ``"off"``; default: the library's)."""
     judge_threshold: float | None = None
     """The judge's margin a match needs (default: the library's calibrated one)."""
+    judge_mode: Literal["inline", "async"] | None = None
+    """``async``: an unjudged candidate is not waited for; it is judged when the engine is idle and an approval
+    becomes an alias of the entry (default ``inline``)."""
     temperature: float | None = None
     """0 (default) is greedy; above 0 samples with ``seed``."""
     top_k: int | None = None

@@ -11,12 +11,17 @@ embedded with the library's embedder (MiniLM) into a flat faiss index, the simil
 The judge's margins are computed once per (entry, question) and saved (``--margins``), so that thresholds
 can be compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
 
+``--replay K`` replays every query K times in a shuffled stream with the judge deferred (``judge_mode="async"``,
+the real `DeferredJudge` and aliases): a pair not judged yet goes plain, up to ``--idle`` deferred pairs are
+judged after each query (the engine's idle time), and an approval is an alias from then on. It prints the
+paraphrases grafted right and the near-misses grafted per quarter of the stream, against the inline judge.
+
     .venv/bin/python examples/routing_eval.py --judge qwen2.5-coder-1.5b-instruct --margins m.json domains
     .venv/bin/python examples/routing_eval.py --margins m.json --thresholds 0,1,2 domains   # no model run
 
-Sets: ``domains`` (examples/domains/*), ``dev`` (examples/judge-dev/*), ``math`` (examples/library.jsonl with
-examples/routing/*.jsonl), ``code`` (examples/code/library.jsonl with its routing and heldout queries), or a
-folder holding library.jsonl and queries.jsonl.
+Sets: ``domains`` (examples/domains/*), ``domains-b`` (examples/domains-b/*), ``dev`` (examples/judge-dev/*),
+``math`` (examples/library.jsonl with examples/routing/*.jsonl), ``code`` (examples/code/library.jsonl with its
+routing and heldout queries), or a folder holding library.jsonl and queries.jsonl.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
+from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
 from kvgraft_plugin._judge import JudgeVerdict  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
@@ -44,8 +50,8 @@ def sets(names: list[str]) -> list[tuple[str, Path, list[Path]]]:
     """(name, library source, query files) for each named set."""
     out: list[tuple[str, Path, list[Path]]] = []
     for name in names:
-        if name in ("domains", "dev"):
-            root = HERE / ("domains" if name == "domains" else "judge-dev")
+        if name in ("domains", "domains-b", "dev"):
+            root = HERE / ("judge-dev" if name == "dev" else name)
             out += [(f"{name}/{d.name}", d / "library.jsonl", [d / "queries.jsonl"]) for d in sorted(root.iterdir())
                     if (d / "queries.jsonl").is_file()]  # fmt: skip
         elif name == "math":
@@ -67,12 +73,12 @@ class RecordingJudge:
         self.margins, self.judge, self.threshold = margins, judge, 0.0
         self.ms: list[float] = []
 
-    def __call__(self, problem: str, question: str) -> JudgeVerdict:
-        key = json.dumps([problem, question], ensure_ascii=False)
+    def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
+        key = json.dumps([entry.problem, question], ensure_ascii=False)
         if key not in self.margins:
             if self.judge is None:
                 raise SystemExit("a margin is missing from --margins and no --judge is given")
-            verdict = self.judge(problem, question)
+            verdict = self.judge(entry.problem, question)
             self.margins[key] = verdict.margin
             self.ms.append(verdict.ms)
         return JudgeVerdict(self.margins[key], self.threshold, 0.0, cached=True)
@@ -110,6 +116,71 @@ def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: Reco
                 row[f"{mode}_refused_by"] = refused[0].guard if refused and row[mode] is None else None
             rows.append(row)
     return rows
+
+
+class ReplayJudge:
+    """``recording``'s margins as a `Judge` that knows only the pairs judged so far in this replay."""
+
+    model_id = "recorded"
+
+    def __init__(self, recording: RecordingJudge) -> None:
+        self.recording, self.seen = recording, set()
+
+    def known(self, problem: str, question: str) -> float | None:
+        key = json.dumps([problem, question], ensure_ascii=False)
+        return self.recording.margins[key] if key in self.seen else None
+
+    def __call__(self, problem: str, question: str, *, threshold: float) -> JudgeVerdict:
+        self.seen.add(json.dumps([problem, question], ensure_ascii=False))
+        entry = type("E", (), {"problem": problem})()
+        return JudgeVerdict(self.recording(entry, question, 0.0).margin, threshold, 0.0, cached=False)
+
+
+def replay(embedder: Embedder, named: list[tuple[str, Path, list[Path]]], recording: RecordingJudge,
+           repeats: int, idle: int, seed: int = 0) -> list[str]:  # fmt: skip
+    """Graft rates per quarter of a shuffled stream with every query ``repeats`` times, judged deferred."""
+    import random
+
+    stream: list[tuple[Router, dict[str, Any]]] = []
+    for _, source, queries in named:
+        entries = {e.id: e for e in read_source(source)}
+        index = VectorIndex(embedder.dim, "flat")
+        ids = sorted(entries)
+        index.add(ids, embedder.encode([entries[i].problem for i in ids]))
+        judge = ReplayJudge(recording)
+        deferred = DeferredJudge(judge, recording.threshold, judge.known)
+        aliases: dict[str, Alias] = {}
+        router = Router(
+            embedder.encode, lambda vector, k, index=index: [(h.entry_id, h.score) for h in index.search(vector, k)],
+            entries, threshold=geometry_threshold(index), guards=JUDGED_GUARDS, judge=deferred, aliases=aliases,
+        )  # fmt: skip
+        router.deferred = deferred  # type: ignore[attr-defined]
+        for path in queries:
+            stream += [(router, json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()] * repeats
+    random.Random(seed).shuffle(stream)
+    quarters: list[collections.Counter[str]] = [collections.Counter() for _ in range(4)]
+    for i, (router, query) in enumerate(stream):
+        decision = router.route(query["question"])
+        got = decision.entry_id if isinstance(decision, Match) else None
+        kind = "para" if query.get("expect_entry") else "near" if query["kind"].startswith("near") else "unc"
+        q = quarters[4 * i // len(stream)]
+        q[kind] += 1
+        q[f"{kind}_hit"] += got is not None and got == query.get("expect_entry") if kind == "para" else got is not None
+        q["alias"] += any(v.guard == "alias" for v in decision.trail)
+        for _ in range(idle):
+            deferred: DeferredJudge = router.deferred  # type: ignore[attr-defined]
+            alias = deferred.judge_next(model="recorded", prompt="-", entry_sha256=lambda e: "")
+            if alias is not None:
+                router.aliases[alias.key] = alias  # type: ignore[index]
+    lines = [f"replay: {len(stream)} queries ({repeats}x each, shuffled), {idle} deferred judgement(s) after each"]
+    for n, q in enumerate(quarters, 1):
+        pct = 100 * q["para_hit"] / max(1, q["para"])
+        lines.append(
+            f"  quarter {n}: paraphrases right {q['para_hit']}/{q['para']} ({pct:.0f}%)"
+            f", near-misses grafted {q['near_hit']}/{q['near']}, uncovered {q['unc_hit']}/{q['unc']},"
+            f" by alias {q['alias']}"
+        )
+    return lines
 
 
 def table(results: dict[str, list[dict[str, Any]]], mode: str) -> list[str]:
@@ -160,6 +231,8 @@ def main() -> None:
     parser.add_argument("--kinds", action="store_true", help="also print per kind")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run, comma-separated")
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--replay", type=int, metavar="K", help="replay every query K times, the judge deferred")
+    parser.add_argument("--idle", type=int, default=1, help="deferred judgements after each replayed query")
     args = parser.parse_args()
 
     margins: dict[str, float] = {}
@@ -191,6 +264,9 @@ def main() -> None:
             print("\n".join(table(results[str(t)], mode)))
             if args.kinds:
                 print("\n".join(by_kind(results[str(t)], mode)))
+    if args.replay and recording is not None:
+        recording.threshold = thresholds[0]
+        print("\n".join(replay(embedder, sets(args.sets), recording, args.replay, args.idle)))
     if recording is not None and recording.ms:
         ms = sorted(recording.ms)
         print(f"\njudge: {len(ms)} new margins, median {ms[len(ms) // 2]:.0f} ms, total {sum(ms) / 1e3:.0f} s")

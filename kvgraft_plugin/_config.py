@@ -138,6 +138,11 @@ class EngineConfig:
     judge_threshold: float | None = None
     """The judge's margin a candidate needs. ``None``: the library's calibrated one for that judge, else
     `kvgraft_plugin._judge.DEFAULT_THRESHOLD`."""
+    judge_mode: Literal["inline", "async"] = "inline"
+    """``inline``: a candidate waits for the judge's verdict (about a second on 2 cores). ``async``: a pair the
+    judge has not seen is refused at once (the request goes on without it) and judged when the engine is idle;
+    an approved pair becomes an alias of the entry, stored in the library, which the same question then grafts
+    with no judgement (`kvgraft_plugin._aliases`)."""
     profile: Literal["none", "math"] | None = None
     """With a judge: ``math`` also runs the English word guards (terms, units, relations, asked quantity)
     before it. ``None``: the library's, else ``none``. Without a judge the word guards always run."""
@@ -183,6 +188,8 @@ class EngineConfig:
         check_threshold(self.threshold)
         if self.margin is not None and not 0.0 <= self.margin <= 2.0:
             raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
+        if self.judge_mode not in ("inline", "async"):
+            raise ConfigError(f"judge_mode must be 'inline' or 'async', got {self.judge_mode!r}")
         if self.profile not in (None, "none", "math"):
             raise ConfigError(f"profile must be 'none' or 'math', got {self.profile!r}")
         if self.neighbors < 1:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from ._aliases import Alias
 from ._backend import Backend, BatchBackend
 from ._config import DecodeMode, EngineConfig, LlamaConfig, RouteMode
 from ._decode import DecodeStats, Transcript, decode_tokens, stream_text
@@ -99,6 +100,8 @@ class GraftEngine:
         """The library's embedder, index and routers."""
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         self._closed = False
+        self._key = load_key(self.config.key_file) if self.config.key_file else None
+        self._judging, self._judging_lock = False, threading.Lock()  # a deferred judgement is queued
         self._worker = Worker()
         try:
             self.model_sha256 = file_sha256(self.backend.model_path)
@@ -228,6 +231,24 @@ class GraftEngine:
         check_question(question)
         return self._on_worker(lambda: self.routing.explain(question, self.config))
 
+    def judge_deferred(self) -> list[Alias]:
+        """Judge every pair deferred so far (``judge_mode="async"``) now, instead of when the engine is idle;
+        the aliases approved (each also stored in the library)."""
+
+        def judge_all() -> list[Alias]:
+            approved = []
+            while self.routing.pending:
+                alias = self.routing.judge_deferred(self._key)
+                approved += [alias] if alias is not None else []
+            return approved
+
+        return self._on_worker(judge_all)
+
+    @property
+    def aliases(self) -> Mapping[str, Alias]:
+        """The library's aliases in force, by `kvgraft_plugin._aliases.alias_key` (empty without a library)."""
+        return self.routing.aliases
+
     @property
     def lookup_batch(self) -> int:
         """The largest batch proven bitwise equal to one-token steps here (1: none is). Measured once per
@@ -300,12 +321,35 @@ class GraftEngine:
             template_stop=self.template.stop,
         )  # fmt: skip
         cancel = cancel if cancel is not None else threading.Event()
-        if self._scheduler is None:
-            yield from self._worker.stream(lambda: self._run(request, config, cancel), cancel)
-            return
-        if self._worker.on_thread:
-            raise ConfigError("a request made while another is decoding cannot join its batch: use max_batch=1")
-        yield from self._scheduler.stream(request, config, cancel)
+        try:
+            if self._scheduler is None:
+                yield from self._worker.stream(lambda: self._run(request, config, cancel), cancel)
+            elif self._worker.on_thread:
+                raise ConfigError("a request made while another is decoding cannot join its batch: use max_batch=1")
+            else:
+                yield from self._scheduler.stream(request, config, cancel)
+        finally:
+            self._judge_when_idle()
+
+    def _judge_when_idle(self) -> None:
+        """Queue the deferred judgements (``judge_mode="async"``) for when no request is waiting, one at a time."""
+        with self._judging_lock:
+            if self._judging or self._closed or not self.routing.pending:
+                return
+            self._judging = True
+
+        def judge_one() -> None:
+            with self._judging_lock:
+                self._judging = False
+            if self._closed:
+                return
+            try:
+                self.routing.judge_deferred(self._key)
+            except Exception:  # background work: a failure is logged, never raised into a request
+                logger.exception("a deferred judgement failed")
+            self._judge_when_idle()
+
+        self._worker.when_idle(judge_one)
 
     # -- the data path, on the worker thread ------------------------------------------------------------
 

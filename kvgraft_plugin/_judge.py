@@ -83,6 +83,8 @@ class JudgeVerdict:
 
     error: str | None = None
     """Why the model gave no margin (the pair did not fit its context); such a pair does not pass."""
+    deferred: bool = False
+    """Not judged yet: queued for when the engine is idle (``judge_mode="async"``, `kvgraft_plugin._aliases`)."""
 
     @property
     def passed(self) -> bool:
@@ -92,6 +94,8 @@ class JudgeVerdict:
     @property
     def reason(self) -> str:
         """The verdict in words, for the router's trail."""
+        if self.deferred:
+            return "the judge's verdict is deferred: judged when the engine is idle (an approval becomes an alias)"
         if self.error is not None:
             return f"the judge could not read the pair: {self.error}"
         return f"judge margin {self.margin:+.2f} {'>=' if self.passed else '<'} {self.threshold:+.2f}"
@@ -136,6 +140,10 @@ class Judge:
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return JudgeVerdict(margin, threshold, (time.perf_counter() - t0) * 1e3, cached=False)
+
+    def known(self, problem: str, question: str) -> float | None:
+        """The margin of a pair judged before (still in the cache), or ``None``; nothing is computed."""
+        return self._cache.get((hashlib.sha256(problem.encode()).hexdigest(), question))
 
     def margin(self, problem: str, question: str) -> float:
         """The Yes-minus-No logit margin for one pair, computed now (no cache)."""

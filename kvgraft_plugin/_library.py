@@ -2,7 +2,7 @@
 
     LIBRARY/
       manifest.json     entries (text, prefix token ids, state sha256/digest, fidelity), model, fingerprint,
-                        embedder identity, index sha256
+                        embedder identity, index sha256, routing settings, aliases (`_aliases`)
       manifest.sig      HMAC-SHA256 of manifest.json (``kvgraft sign``)
       states/<id>.kvg   saved KV states (see _state)
       index.faiss       the embedding index (faiss native format, never pickled)
@@ -23,12 +23,13 @@ import json
 import logging
 import re
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from ._aliases import Alias, parse_aliases
 from ._exceptions import (
     ConfigError,
     EntryNotFoundError,
@@ -399,6 +400,8 @@ class Library:
     """``{"threshold", "margin", "source"}``: source is ``"geometry"`` (derived by build from the entries'
     embeddings), ``"calibrated"`` (``kvgraft calibrate``) or ``"user"`` (``build --threshold``)."""
     entries: dict[str, EntryRecord] = field(default_factory=dict)
+    aliases: dict[str, Alias] = field(default_factory=dict)
+    """Questions a judge approved as an entry's problem (`kvgraft_plugin._aliases`), by `alias_key`."""
     trusted: bool = True
     """False when a key is configured and the signature is missing or wrong: nothing from it is used."""
     untrusted_reason: str = ""
@@ -508,6 +511,7 @@ class Library:
                 template=_template_kind(data.get("template", "text")),
                 chat_template=_optional_text(data.get("chat_template"), "chat_template"),
                 entries=entries,
+                aliases=parse_aliases(data.get("aliases"), entries),
                 trusted=trusted,
                 untrusted_reason=reason,
                 store=store,
@@ -533,6 +537,7 @@ class Library:
             "template": self.template,
             **({"chat_template": self.chat_template} if self.chat_template is not None else {}),
             "entries": {k: self.entries[k].to_json() for k in sorted(self.entries)},
+            **({"aliases": [self.aliases[k].to_json() for k in sorted(self.aliases)]} if self.aliases else {}),
         }
 
     @property
@@ -541,11 +546,12 @@ class Library:
         value = self.routing.get("threshold")
         return None if value is None else float(value)
 
-    def save(self) -> bool:
+    def save(self, *, key: bytes | None = None) -> bool:
         """Write the manifest atomically if it changed; return whether it did.
 
-        A changed manifest no longer matches its signature, which is removed (with a warning: the library
-        must be signed again). An unchanged one is not rewritten, and keeps its signature.
+        A changed manifest no longer matches its signature: with ``key`` it is signed again, else the
+        signature is removed (with a warning: the library must be signed again). An unchanged one is not
+        rewritten, and keeps its signature.
         """
         data = (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode("utf-8")
         path = self.path / MANIFEST
@@ -557,10 +563,49 @@ class Library:
         if signed:
             signature.unlink()
         self.store.publish(MANIFEST)  # the manifest goes last: every file it names is published already
-        if signed:
+        if signed and key is not None:
+            self.sign(key)
+        elif signed:
             self.store.delete(SIGNATURE)
             logger.warning("%s changed: its signature was removed; sign it again (kvgraft sign)", self.location)
         return True
+
+    def add_aliases(self, aliases: Sequence[Alias], *, key: bytes | None = None) -> bool:
+        """Store ``aliases`` in the manifest: read afresh under the lock (what a build wrote meanwhile is kept),
+        the aliases added, written and, if it was signed, signed again with ``key``. They are added to this
+        object in any case; False when nothing could be written: a signed library and no ``key`` (an unsigned
+        write would make it untrusted to every reader with the key), or a build holds the lock."""
+        for alias in aliases:
+            self.aliases[alias.key] = alias
+        if (self.path / SIGNATURE).is_file() and key is None:
+            logger.warning("%s is signed and no key is configured: new aliases are kept in memory only", self.location)
+            return False
+        try:
+            with self.lock():
+                fresh = self._reread(key)
+                fresh.aliases.update({a.key: a for a in aliases if a.entry_id in fresh.entries})
+                fresh.save(key=key)
+        except LibraryError as exc:
+            logger.warning("the new aliases of %s are kept in memory only: %s", self.location, exc)
+            return False
+        return True
+
+    def revoke_aliases(self, keys: Sequence[str], *, key: bytes | None = None) -> list[Alias]:
+        """Remove the aliases matched by ``keys`` (`alias_key` texts) and save (signed again with ``key``);
+        the removed ones."""
+        removed = [self.aliases.pop(k) for k in keys if k in self.aliases]
+        if removed:
+            with self.lock():
+                self.save(key=key)
+        return removed
+
+    def _reread(self, key: bytes | None) -> Library:
+        """This library as its store holds it now."""
+        self.store.pull()
+        fresh = self._open_folder(self.store, key)
+        if not fresh.trusted:
+            raise LibraryError(f"its manifest changed and is not trusted now: {fresh.untrusted_reason}")
+        return fresh
 
     def publish(self, rel: str) -> None:
         """Make the file ``rel`` (a state or the index, just written) durable where the library lives: a

@@ -29,6 +29,7 @@ ROUTING_SETTINGS = frozenset(
         "fallback",
         "judge_model",
         "judge_threshold",
+        "judge_mode",
         "profile",
     }
 )

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._aliases import Alias, alias_key
 from ._config import import_callable
 from ._judge import JudgeVerdict
 from ._signature import ORDERED, Signature, signature
@@ -46,8 +47,9 @@ __all__ = [
 #: A user hook: ``match_check(question, entry, score) -> bool``; False refuses the match.
 MatchCheck = Callable[[str, Entry, float], bool]
 
-#: A same-problem judge: ``judge(entry_problem, question) -> JudgeVerdict`` (`kvgraft_plugin._judge.Judge`).
-JudgeFn = Callable[[str, str], "JudgeVerdict"]
+#: A same-problem judge: ``judge(entry, question, score) -> JudgeVerdict`` (a `kvgraft_plugin._judge.Judge`
+#: on the entry's problem, or a `kvgraft_plugin._aliases.DeferredJudge`).
+JudgeFn = Callable[[Entry, str, float], "JudgeVerdict"]
 
 #: Entry numbers a query may leave out without changing the problem ("from 1 to 100" ~ "up to 100").
 _IMPLIED_NUMBERS = frozenset({0.0, 1.0})
@@ -326,6 +328,9 @@ class Router:
         match_check: optional user hook ``(question, entry, score) -> bool``, run last.
         judge: optional same-problem judge, run after the guards and the margin, before ``match_check``; its
             time is the ``judge`` phase.
+        aliases: questions a judge approved (`kvgraft_plugin._aliases`), by `alias_key`: one of them is that
+            entry's match at once, with no search and no judgement. The mapping is read at each route, so an
+            alias added to it routes from the next question on.
     """
 
     def __init__(
@@ -340,14 +345,20 @@ class Router:
         guards: Sequence[tuple[str, Guard]] = DEFAULT_GUARDS,
         match_check: MatchCheck | None = None,
         judge: JudgeFn | None = None,
+        aliases: Mapping[str, Alias] | None = None,
     ) -> None:
         self._embed, self._search, self._entries = embed, search, entries
         self.threshold, self.margin, self.neighbors = threshold, margin, neighbors
         self.guards = tuple(guards)
         self.match_check, self.judge = match_check, judge
+        self.aliases: Mapping[str, Alias] = aliases if aliases is not None else {}
 
     def route(self, question: str) -> Match | NoMatch:
-        """The first candidate, best first, that clears the threshold, the margin and every guard."""
+        """An approved alias of ``question``, else the first candidate, best first, that clears the threshold,
+        the margin and every guard."""
+        alias = self.aliases.get(alias_key(question)) if self.aliases else None
+        if alias is not None and alias.entry_id in self._entries:
+            return Match(alias.entry_id, alias.score, (GuardVerdict("alias", alias.entry_id, True, alias.reason),))
         hits, phases, empty = self._candidates(question)
         if empty is not None:
             return NoMatch(empty, phases_ms=phases)
@@ -430,7 +441,7 @@ class Router:
             trail.append(GuardVerdict("margin", c.entry.id, False, refusal))
             return trail[-1]
         if self.judge is not None:
-            verdict = self.judge(c.entry.problem, c.question)
+            verdict = self.judge(c.entry, c.question, c.score)
             phases["judge"] = phases.get("judge", 0.0) + verdict.ms
             trail.append(GuardVerdict("judge", c.entry.id, verdict.passed, verdict.reason))
             if not verdict.passed:

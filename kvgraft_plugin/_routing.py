@@ -6,19 +6,20 @@ binds it to one library. The engine calls it on its worker thread only (torch an
 
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._aliases import Alias, DeferredJudge
 from ._config import EngineConfig
 from ._exceptions import LibraryError, ModelError
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
-from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, Judge, open_judge
-from ._library import Library
-from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, Router, load_match_check
+from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, Judge, JudgeVerdict, open_judge
+from ._library import Library, source_sha256
+from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, JudgeFn, Router, load_match_check
+from ._template import Entry
 
 __all__ = ["LibraryRouting"]
 
@@ -37,6 +38,9 @@ class LibraryRouting:
         self._routers: dict[tuple[Any, ...], Router] = {}
         self._judges: dict[str, Judge] = {}
         self._unavailable: set[str] = set()  # the library's judges that are not on this machine (logged once)
+        self._deferred: dict[tuple[str, float], DeferredJudge] = {}
+        self.aliases: dict[str, Alias] = _live_aliases(library)
+        """The library's aliases whose entry still has the text that was judged; every router reads it."""
 
     @property
     def embedder(self) -> Embedder:
@@ -69,6 +73,8 @@ class LibraryRouting:
         """Forget the loaded index and routers: the next request reads the library's index again."""
         self._index = None
         self._routers.clear()
+        self.aliases.clear()
+        self.aliases.update(_live_aliases(self.library))
 
     def close(self) -> None:
         """Free the judges' models."""
@@ -98,7 +104,8 @@ class LibraryRouting:
             return None
         threshold, margin = self.threshold(config), self.margin(config)
         judged = self.judge(config)
-        key = (threshold, margin, config.neighbors, config.guards, config.match_check, judged and judged[1:])
+        key = (threshold, margin, config.neighbors, config.guards, config.match_check, judged and judged[1:],
+               config.judge_mode)  # fmt: skip
         router = self._routers.get(key)
         if router is None:
             guards = DEFAULT_GUARDS if judged is None or judged[2] == "math" else JUDGED_GUARDS
@@ -111,9 +118,41 @@ class LibraryRouting:
                 neighbors=config.neighbors,
                 guards=guards if config.guards else (),
                 match_check=load_match_check(config.match_check),
-                judge=None if judged is None else functools.partial(judged[0], threshold=judged[1]),
+                judge=None if judged is None else self._judge_fn(*judged[:2], config.judge_mode),
+                aliases=self.aliases,
             )
         return router
+
+    def _judge_fn(self, judge: Judge, threshold: float, mode: str) -> JudgeFn:
+        """What the router asks: ``judge`` itself (``inline``), or a `DeferredJudge` over it (``async``)."""
+        if mode == "async":
+            key = (judge.model_id, threshold)
+            deferred = self._deferred.get(key)
+            if deferred is None:
+                deferred = self._deferred[key] = DeferredJudge(judge, threshold, judge.known)
+            return deferred
+
+        def inline(entry: Entry, question: str, score: float) -> JudgeVerdict:
+            return judge(entry.problem, question, threshold=threshold)
+
+        return inline
+
+    @property
+    def pending(self) -> int:
+        """Pairs waiting for a deferred judgement."""
+        return sum(d.pending for d in self._deferred.values())
+
+    def judge_deferred(self, key: bytes | None = None) -> Alias | None:
+        """Judge one waiting pair now (on the worker); an approved one becomes an alias, routed from the next
+        question on and stored in the library (signed again with ``key``; see `Library.add_aliases`)."""
+        for (model, _), deferred in self._deferred.items():
+            if deferred.pending:
+                alias = deferred.judge_next(model=model, prompt=JUDGE_PROMPT, entry_sha256=source_sha256)
+                if alias is not None and self.library is not None:
+                    self.aliases[alias.key] = alias
+                    self.library.add_aliases([alias], key=key)
+                return alias
+        return None
 
     def judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
         """The judge in force for ``config``: (judge, margin threshold, profile), or ``None``.
@@ -163,3 +202,13 @@ class LibraryRouting:
         if self.library is not None and self.library.threshold is not None:
             return float(self.library.threshold)
         return SINGLE_ENTRY_THRESHOLD
+
+
+def _live_aliases(library: Library | None) -> dict[str, Alias]:
+    """The aliases of ``library`` whose entry's text is still the text that was judged."""
+    if library is None:
+        return {}
+    return {
+        k: a for k, a in library.aliases.items()
+        if a.entry_id in library.entries and a.entry_sha256 == source_sha256(library.entries[a.entry_id].entry)
+    }  # fmt: skip

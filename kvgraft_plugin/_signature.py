@@ -184,10 +184,11 @@ _INDEX = re.compile(r"\[\s*-?\d+\s*\]")
 _BOOL = re.compile(r"\b(True|False|None)\b")
 # A number starts after no ASCII letter, digit or point: "h2o" holds none, "17乘以23" and "17плюс23" two.
 _HEX = re.compile(r"(?<![a-z0-9_.])(-?)0x([0-9a-f]+)\b")
+_ONES = {w: i for i, w in enumerate("_ one two three four five six seven eight nine".split()) if i}
+#: "twenty-one" is 21 (a units word only after a tens word: "one" alone is a pronoun, "three-four" two numbers).
 _WORD_NUMBER = re.compile(
-    r"\b("
-    + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True))
-    + r")(?:[- ](one|two|three|four|five|six|seven|eight|nine))?\b"
+    r"\b(?:(" + "|".join(w for w, v in _NUMBER_WORDS.items() if v >= 20) + r")(?:[- ](" + "|".join(_ONES) + r"))?"
+    r"|(" + "|".join(sorted((w for w, v in _NUMBER_WORDS.items() if v < 20), key=len, reverse=True)) + r"))\b"
 )
 _NUMBER = re.compile(r"(?<![a-z0-9_.])(-?)(\d+(?:,\d{3})*(?:\.\d+)?)(?:st|nd|rd|th)?(?![\d])")
 #: 1.5e8, 1.5e-3, 3.0 x 10^8, 3.0 × 10^8: one number each.
@@ -305,7 +306,10 @@ def _numbers_and_rest(text: str) -> tuple[dict[str, float], str]:
 
     text = _HEX.sub(lambda m: take((-1 if m.group(1) else 1) * int(m.group(2), 16)), text)
     text = _WORD_NUMBER.sub(
-        lambda m: take(_NUMBER_WORDS[m.group(1)] + (_NUMBER_WORDS[m.group(2)] if m.group(2) else 0)), text
+        lambda m: take(
+            _NUMBER_WORDS[m.group(3)] if m.group(3) else _NUMBER_WORDS[m.group(1)] + _ONES.get(m.group(2) or "", 0)
+        ),
+        text,
     )
     text = _NUMBER.sub(lambda m: take((-1 if m.group(1) else 1) * float(m.group(2).replace(",", ""))), text)
     return values, text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 __all__ = ["Worker"]
@@ -26,6 +26,8 @@ class Worker:
     def __init__(self, name: str = "kvgraft") -> None:
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=self._mark)
+        self._waiting = 0  # calls queued and not started, but for `when_idle`'s
+        self._lock = threading.Lock()
 
     def _mark(self) -> None:
         self._thread = threading.current_thread()
@@ -39,12 +41,36 @@ class Worker:
         """``fn()`` on the worker thread, after every request queued before it; its result or its exception."""
         if self.on_thread:
             return fn()
-        return self._pool.submit(fn).result()
+        return self._queue(fn).result()
 
     def submit(self, fn: Callable[[], object]) -> None:
         """Queue ``fn()`` on the worker thread and return at once (its result is dropped: ``fn`` reports
         through its own channels)."""
-        self._pool.submit(fn)
+        self._queue(fn)
+
+    def when_idle(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn()`` for when no other call is waiting: each time its turn comes while one is, it goes to
+        the back of the queue again. For background work (a deferred judgement) that must not hold up a
+        request; ``fn`` reports through its own channels."""
+
+        def turn() -> None:
+            if self._waiting:
+                self._pool.submit(turn)
+            else:
+                fn()
+
+        self._pool.submit(turn)
+
+    def _queue(self, fn: Callable[[], T]) -> Future[T]:
+        with self._lock:
+            self._waiting += 1
+
+        def run() -> T:
+            with self._lock:
+                self._waiting -= 1
+            return fn()
+
+        return self._pool.submit(run)
 
     def stream(self, produce: Callable[[], Iterator[T]], cancel: threading.Event) -> Iterator[T]:
         """The items of ``produce()``, made on the worker thread and handed to the caller's as they come.
@@ -65,7 +91,7 @@ class Worker:
             finally:
                 items.put(_END)
 
-        self._pool.submit(run)
+        self._queue(run)
         try:
             while not isinstance(item := items.get(), _End):
                 if isinstance(item, BaseException):
@@ -77,7 +103,7 @@ class Worker:
     def close(self, last: Callable[[], None]) -> None:
         """Run ``last`` after every queued request, then stop the thread."""
         try:
-            self._pool.submit(last).result()
+            self._queue(last).result()
         except RuntimeError:  # the interpreter is exiting and takes no new work: nothing can be running
             last()
         self._pool.shutdown()

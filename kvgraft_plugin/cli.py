@@ -87,6 +87,12 @@ def routing_options(func: F) -> F:
         ),
         click.option("--judge-threshold", type=float, help="Judge margin a match needs (default: the library's)."),
         click.option(
+            "--judge-mode",
+            type=click.Choice(["inline", "async"]),
+            help="inline: wait for the judge; async: answer without an unjudged entry now, judge it when idle, "
+            "and store an approval as an alias (`kvgraft aliases`). Default inline.",
+        ),
+        click.option(
             "--profile",
             type=click.Choice(["none", "math"]),
             help="With a judge, 'math' also runs the English word guards (default: the library's, else none).",
@@ -986,6 +992,54 @@ def sign(library: str, cache_dir: str | None, key_file: str) -> None:
     lib = Library.open(library, cache_dir=cache_dir)
     lib.sign(load_key(key_file))
     click.echo(f"signed {lib.location}")
+
+
+@main.command()
+@click.option("--library", required=True, type=LibraryLocation(exists=True))
+@cache_dir_option
+@click.option("--revoke", multiple=True, metavar="QUESTION", help="Remove the alias of this question (repeatable).")
+@click.option("--revoke-entry", multiple=True, metavar="ID", help="Remove every alias of this entry (repeatable).")
+@click.option(
+    "--key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="KVGRAFT_KEY_FILE",
+    help="Sign the library again after a revoke [env KVGRAFT_KEY_FILE].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the aliases (and what was revoked) as JSON.")
+def aliases(
+    library: str,
+    cache_dir: str | None,
+    revoke: tuple[str, ...],
+    revoke_entry: tuple[str, ...],
+    key_file: str | None,
+    as_json: bool,
+) -> None:
+    """List the questions a judge approved as an entry's problem (`--judge-mode async`), or revoke some."""
+    from ._aliases import alias_key
+    from ._library import Library, load_key
+
+    key = load_key(key_file) if key_file else None
+    lib = Library.open(library, cache_dir=cache_dir, key=key)
+    if not lib.trusted:
+        raise click.ClickException(f"{lib.location} is not trusted: {lib.untrusted_reason}")
+    keys = [alias_key(q) for q in revoke]
+    unknown = [q for q, k in zip(revoke, keys) if k not in lib.aliases]
+    if unknown:
+        raise click.ClickException(f"no alias for {unknown[0]!r} in {lib.location}")
+    keys += [k for k, a in lib.aliases.items() if a.entry_id in revoke_entry]
+    signed = (lib.path / "manifest.sig").is_file()
+    if keys and signed and key is None:
+        raise click.ClickException(f"{lib.location} is signed: pass --key-file to sign it again after the revoke")
+    revoked = lib.revoke_aliases(keys, key=key)
+    rows = [lib.aliases[k].to_json() for k in sorted(lib.aliases)]
+    if as_json:
+        click.echo(json.dumps({"aliases": rows, "revoked": [a.to_json() for a in revoked]}, ensure_ascii=False))
+        return
+    for alias in revoked:
+        click.echo(f"revoked: {alias.question!r} -> {alias.entry_id}", err=True)
+    click.echo(f"{len(rows)} aliases in {lib.location}")
+    for row in rows:
+        click.echo(f"{row['entry_id']:<28} {row['margin']:+6.2f}  {row['judge']:<28} {row['added']}  {row['question']}")
 
 
 @main.command()

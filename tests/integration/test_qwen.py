@@ -6,6 +6,7 @@ ends at the model's end-of-turn token, and the same through LangChain's `ChatKVG
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -205,3 +206,24 @@ def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, t
         assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "graft"
     with GraftEngine(qwen_library, n_threads=2, judge_model="off") as engine:
         assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "plain"
+
+
+def test_async_judging_stores_an_alias_that_grafts_bitwise_with_no_judge(qwen_library, tmp_path):
+    library = tmp_path / "lib"
+    shutil.copytree(qwen_library, library)
+    with GraftEngine(library, n_threads=2, judge_model=NAME, judge_mode="async") as engine:
+        first = engine.ask(BOIL_REWORDED, max_tokens=8)  # not waited for: answered without the entry
+        assert first.route == "plain" and "deferred" in first.fallback_reason
+        near = engine.ask(BOIL_NEAR_MISS, max_tokens=8)
+        assert near.route == "plain"
+        approved = engine.judge_deferred()
+        assert [(a.question, a.entry_id, a.judge) for a in approved] == [(BOIL_REWORDED, BOIL.id, NAME)]
+        assert approved[0].margin >= approved[0].threshold
+    # another process, no judge at all: the alias grafts, and the graft is still bitwise text RAG
+    with GraftEngine(library, n_threads=2, judge_model="off") as engine:
+        graft = engine.ask(BOIL_REWORDED, max_tokens=40)
+        assert (graft.route, graft.entry_id) == ("graft", BOIL.id)
+        assert [v["guard"] for v in graft.match] == ["alias"] and "judge" not in graft.phases_ms
+        text_rag = engine.ask(BOIL_REWORDED, mode="text-rag", max_tokens=40)
+        assert graft.text == text_rag.text and graft.decode_tokens == text_rag.decode_tokens
+        assert engine.ask(BOIL_NEAR_MISS, max_tokens=8).route == "plain"

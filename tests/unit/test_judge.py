@@ -107,10 +107,9 @@ ENTRIES = {
 def judged_router(verdicts: dict[str, float], hits: list[tuple[str, float]]) -> tuple[Router, list[str]]:
     asked: list[str] = []
 
-    def judge(problem: str, question: str) -> JudgeVerdict:
-        entry_id = next(k for k, e in ENTRIES.items() if e.problem == problem)
-        asked.append(entry_id)
-        return JudgeVerdict(verdicts[entry_id], 1.0, 5.0, cached=False)
+    def judge(entry: Entry, question: str, score: float) -> JudgeVerdict:
+        asked.append(entry.id)
+        return JudgeVerdict(verdicts[entry.id], 1.0, 5.0, cached=False)
 
     fake = FakeIndex(hits)
     return Router(fake.embed, fake.search, ENTRIES, threshold=0.5, guards=JUDGED_GUARDS, judge=judge), asked

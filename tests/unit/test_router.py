@@ -358,3 +358,13 @@ def test_explain_skips_index_ids_the_manifest_lacks_as_route_does():
     assert only_gone.explain(ADD_Q) == []
     assert only_gone.route(ADD_Q).reason == "the index lists no entry of the manifest"  # type: ignore[union-attr]
     assert router({ADD_Q: []}).explain(ADD_Q) == []
+
+
+def test_number_words_read_as_values_and_one_alone_is_no_number():
+    from kvgraft_plugin._signature import signature
+
+    # "twenty-one" raised KeyError (a units word after a tens word was looked up among the words read alone)
+    assert signature("There are thirty-one days and twenty one nights.").numbers == (31.0, 21.0)
+    assert signature("ninety-nine and nine, seventeen").numbers == (99.0, 9.0, 17.0)
+    assert signature("three-four times").numbers == (3.0, 4.0)  # two numbers, not 7
+    assert signature("Which one of them is larger?").numbers == ()

@@ -1,0 +1,201 @@
+"""Aliases and the deferred judge (``judge_mode="async"``) on the scripted fake backend: a pair the judge has
+not seen is not waited for, it is judged when the engine is idle, and an approval is an alias stored in the
+library (signed again with the key), that grafts the same question with no judgement in any process. A real
+Qwen judge does the same in tests/integration/test_qwen.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from click.testing import CliRunner
+from test_engine_fake import ScriptedBackend
+from test_fallbacks_fake import ENTRIES, BagOfWords
+
+from kvgraft_plugin import GraftEngine, Library
+from kvgraft_plugin._aliases import Alias, DeferredJudge, alias_key, parse_aliases
+from kvgraft_plugin._build import build_library
+from kvgraft_plugin._judge import JudgeVerdict
+from kvgraft_plugin._worker import Worker
+from kvgraft_plugin.cli import main
+
+DEFERRED = "the judge's verdict is deferred: judged when the engine is idle (an approval becomes an alias)"
+
+PARAPHRASE, NEAR_MISS = "How much do 17 crates of 23 bottles hold?", "What is 17 plus 23?"  # word guards refuse both
+
+
+class FakeJudge:
+    """A judge with set margins per question, counting the pairs it computes."""
+
+    model_id = "fake-judge"
+
+    def __init__(self, margins: dict[str, float]) -> None:
+        self.margins, self.computed, self._cache = margins, [], {}
+
+        class _Closed:
+            def close(self) -> None:
+                pass
+
+        self.backend = _Closed()
+
+    def known(self, problem: str, question: str) -> float | None:
+        return self._cache.get((problem, question))
+
+    def __call__(self, problem: str, question: str, *, threshold: float) -> JudgeVerdict:
+        if (problem, question) not in self._cache:
+            self.computed.append(question)
+            self._cache[(problem, question)] = self.margins[question]
+        return JudgeVerdict(self._cache[(problem, question)], threshold, 1.0, cached=False)
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """(library folder, open_engine(library, judge=None, **settings))."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"not a model")
+    engines: list[GraftEngine] = []
+
+    def open_engine(library, judge: FakeJudge | None = None, **settings) -> GraftEngine:
+        engine = GraftEngine(
+            library, backend=ScriptedBackend(model, b"391."), embedder=BagOfWords(), n_threads=1, decode="step",
+            threshold=0.1, **({"judge_model": judge.model_id, "judge_threshold": 1.0} if judge else {}), **settings,
+        )  # fmt: skip
+        if judge is not None:
+            engine.routing._judges[judge.model_id] = judge  # the judge model, already loaded
+        engines.append(engine)
+        return engine
+
+    lib = tmp_path / "lib"
+    build_library(lib, ENTRIES, engine=open_engine(None))
+    yield lib, open_engine
+    for engine in engines:
+        engine.close()
+
+
+def test_async_judging_answers_at_once_then_the_approval_is_an_alias_in_the_library(served):
+    lib, open_engine = served
+    judge = FakeJudge({PARAPHRASE: 3.0, NEAR_MISS: -2.0})
+    engine = open_engine(lib, judge, judge_mode="async")
+    first = engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert first.route == "plain" and "deferred" in first.fallback_reason
+    assert {"guard": "judge", "entry_id": "mul", "passed": False, "reason": DEFERRED} in first.match
+    assert first.phases_ms["judge"] == 0.0  # nothing was judged on the request's path
+
+    approved = engine.judge_deferred()
+    assert [(a.question, a.entry_id, a.margin, a.judge) for a in approved] == [(PARAPHRASE, "mul", 3.0, "fake-judge")]
+    again = engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert (again.route, again.entry_id) == ("graft", "mul")
+    assert [v["guard"] for v in again.match] == ["alias"] and "fake-judge" in again.match[0]["reason"]
+    assert judge.computed == [PARAPHRASE]  # judged once
+
+    # stored in the manifest: another process grafts it with no judge at all
+    stored = Library.open(lib)
+    assert list(stored.aliases) == [alias_key(PARAPHRASE)]
+    assert open_engine(lib, judge_model="off").ask("How much is 17 crates of 23?", max_tokens=4).route == "plain"
+    other = open_engine(lib, judge_model="off").ask(f"  {PARAPHRASE} ", max_tokens=4, stop=[])
+    assert (other.route, other.entry_id) == ("graft", "mul")
+
+
+def test_a_refused_pair_is_no_alias_and_is_not_judged_again(served):
+    lib, open_engine = served
+    judge = FakeJudge({NEAR_MISS: -2.0})
+    engine = open_engine(lib, judge, judge_mode="async")
+    engine.ask(NEAR_MISS, max_tokens=4, stop=[])
+    assert engine.judge_deferred() == [] and not Library.open(lib).aliases
+    later = engine.ask(NEAR_MISS, max_tokens=4, stop=[])
+    assert later.route == "plain" and "judge margin -2.00" in later.fallback_reason
+    assert judge.computed == [NEAR_MISS] and engine.judge_deferred() == []
+
+
+def test_the_engine_judges_deferred_pairs_by_itself_when_idle(served):
+    lib, open_engine = served
+    judge = FakeJudge({PARAPHRASE: 3.0})
+    engine = open_engine(lib, judge, judge_mode="async")
+    engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    for _ in range(100):  # the worker runs it after this request, unasked
+        if engine.aliases:
+            break
+        threading.Event().wait(0.02)
+    assert alias_key(PARAPHRASE) in engine.aliases
+
+
+def test_a_signed_library_is_signed_again_with_the_key_and_left_alone_without_it(served, tmp_path):
+    lib, open_engine = served
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"k" * 32)
+    Library.open(lib).sign(b"k" * 32)
+
+    unkeyed = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
+    unkeyed.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert len(unkeyed.judge_deferred()) == 1 and unkeyed.aliases  # routed here, from memory
+    assert not Library.open(lib).aliases and Library.open(lib, key=b"k" * 32).trusted  # the manifest is untouched
+
+    keyed = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async", key_file=str(key_file))
+    keyed.ask(PARAPHRASE, max_tokens=4, stop=[])
+    keyed.judge_deferred()
+    signed = Library.open(lib, key=b"k" * 32)
+    assert signed.trusted and list(signed.aliases) == [alias_key(PARAPHRASE)]
+
+
+def test_an_alias_lapses_when_its_entry_text_changes(served):
+    lib, open_engine = served
+    engine = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
+    engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    engine.judge_deferred()
+    library = Library.open(lib)
+    alias = library.aliases[alias_key(PARAPHRASE)]
+    library.aliases[alias.key] = Alias(**{**alias.to_json(), "entry_sha256": "0" * 64})  # judged another text
+    library.save()
+    answer = open_engine(lib, judge_model="off").ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert answer.route == "plain" and "alias" not in {v["guard"] for v in answer.match}
+
+
+def test_kvgraft_aliases_lists_and_revokes(served):
+    lib, open_engine = served
+    engine = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
+    engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    engine.judge_deferred()
+    listed = CliRunner().invoke(main, ["aliases", "--library", str(lib), "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [a["entry_id"] for a in json.loads(listed.output)["aliases"]] == ["mul"]
+    missing = CliRunner().invoke(main, ["aliases", "--library", str(lib), "--revoke", "never asked"])
+    assert missing.exit_code != 0 and "no alias" in missing.output
+    revoked = CliRunner().invoke(main, ["aliases", "--library", str(lib), "--revoke", PARAPHRASE, "--json"])
+    assert revoked.exit_code == 0, revoked.output
+    assert [a["question"] for a in json.loads(revoked.output)["revoked"]] == [PARAPHRASE]
+    assert not Library.open(lib).aliases
+
+
+def test_alias_keys_and_parsing():
+    assert alias_key(" Multiply\u00a017  by 23. ") == "Multiply 17 by 23."
+    assert JudgeVerdict(float("nan"), 1.0, 0.0, cached=False, deferred=True).reason == DEFERRED
+    assert alias_key("What is ＡＢ?") == "What is AB?" and alias_key("US") != alias_key("us")
+    good = {"question": "q", "entry_id": "mul", "entry_sha256": "s", "margin": 2.0, "threshold": 1.0,
+            "judge": "j", "prompt": "p", "score": 0.8, "added": "2026-12-03T00:00:00+00:00"}  # fmt: skip
+    assert list(parse_aliases([good, {**good, "question": "r", "entry_id": "gone"}], {"mul": 1})) == ["q"]
+    for bad in ("x", [1], [{**good, "margin": "nan"}], [{k: v for k, v in good.items() if k != "judge"}]):
+        with pytest.raises(ValueError):
+            parse_aliases(bad, {"mul": 1})
+
+
+def test_the_deferred_queue_is_bounded_and_keeps_the_newest():
+    judge = FakeJudge({f"q{i}": 1.0 for i in range(5)})
+    deferred = DeferredJudge(judge, 0.5, judge.known, capacity=3)
+    for i in range(5):
+        assert deferred(ENTRIES[0], f"q{i}", 0.9).deferred
+    assert deferred.pending == 3
+    alias = deferred.judge_next(model="m", prompt="p", entry_sha256=lambda e: "sha")
+    assert alias is not None and alias.question == "q2" and judge.computed == ["q2"]
+
+
+def test_when_idle_work_waits_for_every_queued_call():
+    worker, order, gate = Worker(), [], threading.Event()
+    worker.submit(gate.wait)  # the worker is busy
+    worker.when_idle(lambda: order.append("idle"))
+    worker.submit(lambda: order.append("request 1"))
+    worker.submit(lambda: order.append("request 2"))
+    gate.set()
+    worker.close(lambda: order.append("last"))
+    assert order.index("idle") > order.index("request 2")
