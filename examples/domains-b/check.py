@@ -33,7 +33,9 @@ LANG_HINT = {
     lang: re.compile(r"(?<!\w)(" + "|".join(re.escape(w) for w in words.split()) + r")(?!\w)", re.I)
     for lang, words in LANG_WORDS.items()
 }
-ENGLISH_HINT = re.compile(r"\b(the|a|an|of|is|are|do|does|what|how|in|for|to|and|with|many|much|which|per|days)\b", re.I)
+ENGLISH_HINT = re.compile(
+    r"\b(the|a|an|of|is|are|do|does|what|how|in|for|to|and|with|many|much|which|per|days)\b", re.I
+)
 ENGLISH_DOMAINS = {"astronomy", "electronics", "cooking", "calendar", "probability", "sql"}
 SQL_START = re.compile(r"^(SELECT|UPDATE|INSERT|DELETE|CREATE|WITH)\b")
 
