@@ -44,6 +44,7 @@ def check_sql(where, text):
     if not SQL_START.match(text) or not text.rstrip().endswith(";"):
         err(f"{where}: SQL answer must start with a statement keyword and end with ';': {text!r}")
 
+
 errors = []
 warn_same = []
 
@@ -182,9 +183,11 @@ def main():
                 paras[sub] += 1
             elif exp is not None:
                 err(f"{where}: {top} must have expect_entry null")
-            if top != "paraphrase" and isinstance(q["answer"], str) and q["answer"] in {
-                en["answer"] for en in entries.values()
-            }:
+            if (
+                top != "paraphrase"
+                and isinstance(q["answer"], str)
+                and q["answer"] in {en["answer"] for en in entries.values()}
+            ):
                 # a near-miss or uncovered question whose answer equals an entry's answer is suspicious
                 # (a near-miss must change the answer); report it so that it is looked at
                 warn_same.append(f"{where}: answer {q['answer']!r} equals a library answer")
