@@ -78,7 +78,7 @@ class RecordingJudge:
         if key not in self.margins:
             if self.judge is None:
                 raise SystemExit("a margin is missing from --margins and no --judge is given")
-            verdict = self.judge(entry.problem, question)
+            verdict = self.judge(entry.problem, question, answer=entry.answer, threshold=float("-inf"))
             self.margins[key] = verdict.margin
             self.ms.append(verdict.ms)
         return JudgeVerdict(self.margins[key], self.threshold, 0.0, cached=True)
@@ -126,13 +126,13 @@ class ReplayJudge:
     def __init__(self, recording: RecordingJudge) -> None:
         self.recording, self.seen = recording, set()
 
-    def known(self, problem: str, question: str) -> float | None:
+    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
         key = json.dumps([problem, question], ensure_ascii=False)
         return self.recording.margins[key] if key in self.seen else None
 
-    def __call__(self, problem: str, question: str, *, threshold: float) -> JudgeVerdict:
+    def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float) -> JudgeVerdict:
         self.seen.add(json.dumps([problem, question], ensure_ascii=False))
-        entry = type("E", (), {"problem": problem})()
+        entry = type("E", (), {"problem": problem, "answer": answer})()
         return JudgeVerdict(self.recording(entry, question, 0.0).margin, threshold, 0.0, cached=False)
 
 

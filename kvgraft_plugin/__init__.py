@@ -5,6 +5,7 @@ the closest entry, restores its cache bit for bit, prefills only the query and d
 identical to text RAG with the same entry, at a fraction of the time to first token.
 """
 
+from ._aliases import Alias
 from ._build import BuildReport, build_library
 from ._config import EngineConfig, LlamaConfig
 from ._engine import GraftChunk, GraftEngine, GraftResult
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "TEMPLATE_VERSION",
+    "Alias",
     "BackendError",
     "BaseStateCache",
     "BuildReport",

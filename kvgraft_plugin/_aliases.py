@@ -100,7 +100,7 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
     return out
 
 
-#: A verdict on one (entry, question) pair: ``judge(entry_problem, question, threshold=...)`` (`Judge`).
+#: A verdict on one (entry, question) pair: ``judge(problem, question, answer=..., threshold=...)`` (`Judge`).
 JudgeCall = Callable[..., JudgeVerdict]
 
 
@@ -110,7 +110,8 @@ class DeferredJudge:
     Args:
         judge: the real judge (`kvgraft_plugin._judge.Judge`); its cache is the memory of what was judged.
         threshold: the margin a pair needs.
-        known: ``(problem, question) -> margin or None``: a verdict already computed (the judge's cache).
+        known: ``(problem, question, answer, threshold) -> margin or None``: a verdict already known at
+            ``threshold`` (the judge's cache).
         capacity: pairs waiting at most; beyond it the oldest is dropped (it is queued again when asked again).
     """
 
@@ -118,7 +119,7 @@ class DeferredJudge:
         self,
         judge: JudgeCall,
         threshold: float,
-        known: Callable[[str, str], float | None],
+        known: Callable[[str, str, str | None, float], float | None],
         *,
         capacity: int = 256,
     ) -> None:
@@ -127,7 +128,7 @@ class DeferredJudge:
 
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         """The verdict on ``entry`` (an `Entry`) for ``question`` if known, else a refusal that queues the pair."""
-        margin = self.known(entry.problem, question)
+        margin = self.known(entry.problem, question, entry.answer, self.threshold)
         if margin is not None:
             return JudgeVerdict(margin, self.threshold, 0.0, cached=True)
         key = (entry.id, question)
@@ -148,7 +149,7 @@ class DeferredJudge:
         if not self._pending:
             return None
         (_, question), (entry, score) = self._pending.popitem(last=False)
-        verdict = self.judge(entry.problem, question, threshold=self.threshold)
+        verdict = self.judge(entry.problem, question, answer=entry.answer, threshold=self.threshold)
         logger.info("deferred judgement of %r for %s: %s (%.0f ms)", question, entry.id, verdict.reason, verdict.ms)
         if not verdict.passed:
             return None

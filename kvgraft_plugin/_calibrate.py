@@ -120,7 +120,8 @@ def calibrate_judge(
                     break
                 margin = None
                 if refusal is None:
-                    margin = judged[0](library.entries[entry_id].entry.problem, q["question"]).margin
+                    entry = library.entries[entry_id].entry
+                    margin = judged[0].margin(entry.problem, q["question"], entry.answer)
                 cands.append((entry_id, score, refusal, margin))
             out.append((q.get("expect_entry"), cands))
         return out

@@ -26,48 +26,111 @@ from ._exceptions import ConfigError, ContextOverflowError
 from ._models import model_name_of, resolve_model
 from ._template import _SLOT, _segments
 
-__all__ = ["DEFAULT_THRESHOLD", "JUDGE_N_CTX", "JUDGE_PROMPT", "Judge", "JudgeVerdict", "open_judge"]
+__all__ = ["DEFAULT_THRESHOLD", "JUDGE_N_CTX", "JUDGE_PROMPT", "VIEWS", "Judge", "JudgeVerdict", "View", "open_judge"]
 
 logger = logging.getLogger(__name__)
 
 #: Name of the prompt below; a library's calibrated threshold holds for this prompt only.
-JUDGE_PROMPT = "same-problem-v1"
+JUDGE_PROMPT = "same-problem-v2"
 
-#: The margin threshold of a judge no library calibrated (measured on examples/judge-dev; see docs/routing.md).
-DEFAULT_THRESHOLD = 0.6
+#: The margin threshold of a judge no library calibrated (chosen on examples/judge-dev; see docs/routing.md).
+DEFAULT_THRESHOLD = -1.0
 
 _SYSTEM = (
     "You decide whether two problems are the same problem: the same given data and the same question, so that "
     "they have the same answer. Rewording does not matter. Reply Yes or No."
 )
+_ANSWER_SYSTEM = (
+    "You decide whether two problems are the same problem: the same given data and the same question, so that "
+    "the answer to the first is also the answer to the second. Rewording does not matter. Reply Yes or No."
+)
 _INSTRUCTION = "First: {problem}\nSecond: {question}"
 #: Worked verdicts shown before every pair (the model's own turns), written for the judge and in no test set:
-#: rewordings across registers and languages, and one changed unit, negation, concept, asked quantity, order
-#: or operation. They are the same for every pair, so their cells are computed once and reused.
-_SHOTS: tuple[tuple[str, str, str], ...] = (
-    ("A recipe uses 3 eggs per cake. How many eggs are needed for 4 cakes?",
+#: rewordings across registers and languages, and changed units, negations, concepts, asked quantities, orders,
+#: roles and operations. Each is (first problem, its answer, second problem, verdict). They are the same for
+#: every pair, so their cells are computed once and reused.
+_SHOTS: tuple[tuple[str, str | None, str, str], ...] = (
+    ("A recipe uses 3 eggs per cake. How many eggs are needed for 4 cakes?", "12 eggs",
      "How many eggs do I need to bake 4 cakes if each cake takes 3 eggs?", "Yes"),
-    ("How many minutes are there in 3 hours?", "How many seconds are there in 3 hours?", "No"),
-    ("A car travels 150 km in 3 hours. What is its average speed?",
+    ("How many minutes are there in 3 hours?", "180 minutes", "How many seconds are there in 3 hours?", "No"),
+    ("A car travels 150 km in 3 hours. What is its average speed?", "50 km/h",
      "What average speed does a car reach when it covers 150 km in 3 hours?", "Yes"),
-    ("How many of the whole numbers from 1 to 10 are even?",
+    ("How many of the whole numbers from 1 to 10 are even?", None,
      "How many of the whole numbers from 1 to 10 are not even?", "No"),
-    ("What is the simple interest on 1000 dollars at 5% per year for 2 years?",
+    ("What is the simple interest on 1000 dollars at 5% per year for 2 years?", "100 dollars",
      "What is the compound interest on 1000 dollars at 5% per year for 2 years?", "No"),
-    ("Combien font 7 fois 8 ?", "Wie viel ist 7 mal 8?", "Yes"),
-    ("A box holds 12 pens and costs 6 dollars. What does one pen cost?",
+    ("Combien font 7 fois 8 ?", "56", "Wie viel ist 7 mal 8?", "Yes"),
+    ("A box holds 12 pens and costs 6 dollars. What does one pen cost?", "0.50 dollars",
      "A box holds 12 pens and costs 6 dollars. How many pens does one dollar buy?", "No"),
-    ("Write a function that returns the largest element of a list.",
+    ("Write a function that returns the largest element of a list.", None,
      "Implement a function giving the maximum value in a list.", "Yes"),
-    ("Ein Zug fährt 240 km in 2 Stunden. Wie schnell fährt er im Durchschnitt?",
+    ("Ein Zug fährt 240 km in 2 Stunden. Wie schnell fährt er im Durchschnitt?", "120 km/h",
      "Mit welcher Durchschnittsgeschwindigkeit legt ein Zug in 2 Stunden 240 km zurück?", "Yes"),
-    ("Divide 120 by 8.", "Divide 8 by 120.", "No"),
-    ("一个长方形长8米，宽5米。它的面积是多少？", "求长8米、宽5米的长方形的面积。", "Yes"),
-    ("A shirt costs 40 dollars and is sold at a 25% discount. What is the sale price?",
+    ("Divide 120 by 8.", "15", "Divide 8 by 120.", "No"),
+    ("一个长方形长8米，宽5米。它的面积是多少？", "40平方米", "求长8米、宽5米的长方形的面积。", "Yes"),
+    ("A shirt costs 40 dollars and is sold at a 25% discount. What is the sale price?", "30 dollars",
      "A shirt costs 40 dollars and is sold at a 25% markup. What is the selling price?", "No"),
-    ("¿Cuántos días hay en 3 semanas?", "Si una semana tiene 7 días, ¿cuántos días suman 3 semanas?", "Yes"),
+    ("¿Cuántos días hay en 3 semanas?", "21 días", "Si una semana tiene 7 días, ¿cuántos días suman 3 semanas?",
+     "Yes"),
+    ("How many centimetres are there in 12 inches?", "30.48 cm", "How many inches are there in 12 centimetres?",
+     "No"),
+    ("A 250 g salt solution contains 50 g of salt. What percentage of the solution is salt?", "20%",
+     "A 250 g salt solution contains 50 g of salt. How many grams of water does it contain?", "No"),
+    ("8000円の品物に10%の消費税がかかります。税込みの価格はいくらですか。", "8800円",
+     "8000円の品物に10%の消費税がかかります。消費税の額はいくらですか。", "No"),
+    ("Un tren sale a las 9:15 y llega a las 11:45. ¿Cuánto dura el viaje?", "2 horas y 30 minutos",
+     "¿Cuánto tiempo tarda un tren que sale a las 9:15 y llega a las 11:45?", "Yes"),
+    ("Dans une classe de 30 élèves, 12 portent des lunettes. Quel pourcentage des élèves porte des lunettes ?",
+     "40 %",
+     "Dans une classe de 30 élèves, 12 portent des lunettes. Quel pourcentage des élèves ne porte pas de lunettes ?",
+     "No"),
+    ("Ein Rechteck hat einen Umfang von 30 cm und ist 9 cm lang. Wie breit ist es?", "6 cm",
+     "Wie breit ist ein 9 cm langes Rechteck mit 30 cm Umfang?", "Yes"),
+    ("Tom is 3 years older than Ann, who is 10. How old is Tom?", "13 years",
+     "Ann is 3 years older than Tom, who is 10. How old is Ann?", "No"),
+    ("一本书原价50元，打八折后卖多少元？", "40元", "原价50元的书打八折，现价是多少元？", "Yes"),
+    ("A tank holds 600 litres and drains at 20 litres per minute. How long until it is empty?", "30 minutes",
+     "A tank holds 600 litres and drains at 20 litres per hour. How long until it is empty?", "No"),
+    ("What is the mean of 4, 8 and 15?", "9", "Find the average of the numbers 4, 8 and 15.", "Yes"),
+)  # fmt: skip
+#: With the answer shown, the even-numbers verdict needs numbers whose two counts differ (1 to 10: 5 and 5).
+_ANSWER_SHOTS = tuple(
+    ("How many of the whole numbers from 1 to 9 are even?", "4",
+     "How many of the whole numbers from 1 to 9 are not even?", "No") if i == 3 else shot
+    for i, shot in enumerate(_SHOTS)
 )  # fmt: skip
 _YES, _NO = ("Yes", "yes", " Yes", " yes"), ("No", "no", " No", " no")
+#: An answer longer than this (code) is not shown: the problem says what is asked.
+_MAX_ANSWER_CHARS = 80
+
+
+@dataclass(frozen=True)
+class View:
+    """One way of asking the judge about a pair. The pair's margin is the smallest of its views' margins: a
+    view that reads the pair another way catches what the others let through."""
+
+    name: str
+    system: str
+    shots: tuple[tuple[str, str | None, str, str], ...]
+    swapped: bool = False
+    """The question is shown first, the entry's problem second."""
+    answer: bool = False
+    """The entry's answer is shown after its problem (unless it has none or it is long)."""
+
+    def pair(self, problem: str, question: str, answer: str | None) -> tuple[str, str]:
+        """(first, second) as the prompt shows them."""
+        if self.answer and answer and len(answer) <= _MAX_ANSWER_CHARS:
+            problem = f"{problem}\nAnswer to the first: {answer}"
+        return (question, problem) if self.swapped else (problem, question)
+
+
+#: The views, in the order they are asked (the first refuses most near-misses; a pair stops at its first
+#: margin below the threshold). The first two share their prompt's start, the third has its own.
+VIEWS = (
+    View("entry-first", _SYSTEM, _SHOTS),
+    View("question-first", _SYSTEM, _SHOTS, swapped=True),
+    View("with-answer", _ANSWER_SYSTEM, _ANSWER_SHOTS, answer=True),
+)
 
 
 @dataclass(frozen=True)
@@ -104,70 +167,100 @@ class JudgeVerdict:
 class Judge:
     """A same-problem judge on ``backend`` (an instruct model with a chat template).
 
+    Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest. The views whose
+    prompts start alike share a sequence of ``backend``, so that the start's cells are reused; a backend
+    needs a sequence per distinct start (`open_judge` makes it so).
+
     Args:
         backend: a backend of its own (not the engine's: its cells are the judge's scratch space).
         threshold: the margin a pair needs to pass.
         model_id: names the judge model in results and in the library's calibration.
-        cache_size: how many (entry, question) margins are kept.
+        cache_size: how many (entry, question) pairs' margins are kept.
     """
 
-    system, instruction, shots = _SYSTEM, _INSTRUCTION, _SHOTS
+    instruction = _INSTRUCTION
 
     def __init__(
-        self, backend: Backend, *, threshold: float = DEFAULT_THRESHOLD, model_id: str = "", cache_size: int = 4096
+        self,
+        backend: Backend,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        model_id: str = "",
+        cache_size: int = 4096,
+        views: tuple[View, ...] = VIEWS,
     ) -> None:
-        self.backend, self.threshold, self.model_id = backend, threshold, model_id
+        self.backend, self.threshold, self.model_id, self.views = backend, threshold, model_id, views
+        starts = list(dict.fromkeys((v.system, v.shots) for v in views))
+        self._sequence = [starts.index((v.system, v.shots)) for v in views]
+        if len(starts) > getattr(backend, "n_seq", 1):
+            raise ConfigError(f"the judge's {len(starts)} prompt starts need a backend of {len(starts)} sequences")
         self._yes, self._no = self._answer_tokens(_YES), self._answer_tokens(_NO)
-        self._fed: list[int] = []
-        self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._fed: list[list[int]] = [[] for _ in starts]
+        self._cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()  # the views' margins so far
         self._cache_size = cache_size
 
-    def __call__(self, problem: str, question: str, *, threshold: float | None = None) -> JudgeVerdict:
-        """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem``; the
-        pair passes at ``threshold`` (default: the judge's). Each pair is computed once (then cached)."""
+    def __call__(
+        self, problem: str, question: str, *, answer: str | None = None, threshold: float | None = None
+    ) -> JudgeVerdict:
+        """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem`` (and whose
+        answer is ``answer``); the pair passes at ``threshold`` (default: the judge's). The views are asked in
+        order until one's margin is below ``threshold``; each view of a pair is computed once (then cached)."""
         threshold = self.threshold if threshold is None else threshold
-        key = (hashlib.sha256(problem.encode()).hexdigest(), question)
-        margin = self._cache.get(key)
-        if margin is not None:
-            self._cache.move_to_end(key)
-            return JudgeVerdict(margin, threshold, 0.0, cached=True)
-        t0 = time.perf_counter()
-        try:
-            margin = self.margin(problem, question)
-        except ContextOverflowError as exc:
-            return JudgeVerdict(float("-inf"), threshold, (time.perf_counter() - t0) * 1e3, False, str(exc))
-        self._cache[key] = margin
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return JudgeVerdict(margin, threshold, (time.perf_counter() - t0) * 1e3, cached=False)
+        key = _key(problem, answer, question)
+        margins = self._cache.get(key)
+        if margins is None:
+            margins = self._cache[key] = []
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        t0, computed = time.perf_counter(), False
+        while len(margins) < len(self.views) and (not margins or min(margins) >= threshold):
+            try:
+                margins.append(self.view_margin(len(margins), problem, question, answer))
+            except ContextOverflowError as exc:
+                del self._cache[key]
+                return JudgeVerdict(float("-inf"), threshold, (time.perf_counter() - t0) * 1e3, False, str(exc))
+            computed = True
+        return JudgeVerdict(min(margins), threshold, (time.perf_counter() - t0) * 1e3, cached=not computed)
 
-    def known(self, problem: str, question: str) -> float | None:
-        """The margin of a pair judged before (still in the cache), or ``None``; nothing is computed."""
-        return self._cache.get((hashlib.sha256(problem.encode()).hexdigest(), question))
+    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
+        """The margin of a pair whose verdict at ``threshold`` is known from the cache (``None``: it is not);
+        nothing is computed."""
+        margins = self._cache.get(_key(problem, answer, question))
+        if margins and (len(margins) == len(self.views) or min(margins) < threshold):
+            return min(margins)
+        return None
 
-    def margin(self, problem: str, question: str) -> float:
-        """The Yes-minus-No logit margin for one pair, computed now (no cache)."""
-        tokens = self.prompt_tokens(problem, question)
+    def margin(self, problem: str, question: str, answer: str | None = None) -> float:
+        """The pair's margin, every view computed now (no cache)."""
+        return min(self.view_margin(i, problem, question, answer) for i in range(len(self.views)))
+
+    def view_margin(self, view: int, problem: str, question: str, answer: str | None = None) -> float:
+        """The Yes-minus-No logit margin of one view of a pair, computed now."""
+        tokens = self.prompt_tokens(self.views[view], problem, question, answer)
+        sequence = self._sequence[view]
+        if hasattr(self.backend, "use_sequence"):
+            self.backend.use_sequence(sequence)
+        fed = self._fed[sequence]
         reuse = 0
-        for a, b in zip(self._fed, tokens[:-1]):  # the last token is always fed: its logits are the verdict
+        for a, b in zip(fed, tokens[:-1]):  # the last token is always fed: its logits are the verdict
             if a != b:
                 break
             reuse += 1
         self.backend.truncate(reuse)
-        self._fed = []  # until the prefill below has succeeded
+        self._fed[sequence] = []  # until the prefill below has succeeded
         logits = self.backend.prefill(tokens[reuse:])
-        self._fed = tokens
+        self._fed[sequence] = tokens
         return float(max(logits[t] for t in self._yes) - max(logits[t] for t in self._no))
 
-    def prompt_tokens(self, problem: str, question: str) -> list[int]:
-        """The judge's prompt: the model's chat template around the instruction, the texts never special."""
-        turns = [("system", self.system)]
-        for shot_problem, shot_question, verdict in self.shots:
-            turns += [
-                ("user", self.instruction.format(problem=shot_problem, question=shot_question)),
-                ("assistant", verdict),
-            ]
-        text = self.instruction.format(problem=problem.strip(), question=question.strip())
+    def prompt_tokens(self, view: View, problem: str, question: str, answer: str | None = None) -> list[int]:
+        """One view's prompt: the model's chat template around the instruction, the texts never special."""
+        turns = [("system", view.system)]
+        for shot_problem, shot_answer, shot_question, verdict in view.shots:
+            first, second = View("shot", "", (), answer=view.answer).pair(shot_problem, shot_question, shot_answer)
+            turns += [("user", self.instruction.format(problem=first, question=second)), ("assistant", verdict)]
+        first, second = view.pair(problem.strip(), question.strip(), answer.strip() if answer else None)
+        text = self.instruction.format(problem=first, question=second)
         turns.append(("user", _SLOT.sub("", text)))  # text that mimics a placeholder is dropped, not obeyed
         contents = [content for _, content in turns]
         slots = [(role, f"\ue000{i}\ue001") for i, (role, _) in enumerate(turns)]
@@ -182,6 +275,10 @@ class Judge:
         if not ids:
             raise ConfigError("the judge model has no one-token Yes/No answer")
         return sorted(ids)
+
+
+def _key(problem: str, answer: str | None, question: str) -> tuple[str, str]:
+    return hashlib.sha256(f"{problem}\0{answer or ''}".encode()).hexdigest(), question
 
 
 #: The judge's own context: one pair of problems and the instruction (a long code entry fits too).
@@ -199,4 +296,5 @@ def open_judge(model: str | Path, *, threshold: float = DEFAULT_THRESHOLD, n_thr
     config = LlamaConfig(n_ctx=JUDGE_N_CTX)
     config = config.replace(n_threads=n_threads) if n_threads else config
     name = model_name_of(path) or path.name
-    return Judge(LlamaBackend(path, config), threshold=threshold, model_id=name)
+    n_seq = len({(v.system, v.shots) for v in VIEWS})  # a sequence per prompt start, each with its cells kept
+    return Judge(LlamaBackend(path, config, n_seq=n_seq), threshold=threshold, model_id=name)

@@ -133,7 +133,7 @@ class LibraryRouting:
             return deferred
 
         def inline(entry: Entry, question: str, score: float) -> JudgeVerdict:
-            return judge(entry.problem, question, threshold=threshold)
+            return judge(entry.problem, question, answer=entry.answer, threshold=threshold)
 
         return inline
 

@@ -471,6 +471,7 @@ def info(library: str, cache_dir: str | None, as_json: bool) -> None:
         "embedder": lib.embedder,
         "index": {"kind": lib.index.get("kind"), "rows": len(lib.index.get("ids", []))},
         "threshold": lib.threshold,
+        "aliases": len(lib.aliases),
         "signed": (lib.path / "manifest.sig").is_file(),
     }
     if as_json:
@@ -483,7 +484,7 @@ def info(library: str, cache_dir: str | None, as_json: bool) -> None:
         f"model     {lib.model.get('name') or lib.model.get('bundled') or lib.model.get('path')}  sha256 {str(lib.model.get('sha256'))[:16]}…"
     )
     click.echo(f"index     {data['index']['kind']} ({data['index']['rows']} rows), embedder {lib.embedder.get('name')}")
-    click.echo(f"threshold {lib.threshold}   signed {data['signed']}")
+    click.echo(f"threshold {lib.threshold}   signed {data['signed']}   aliases {data['aliases']}")
     click.echo("fingerprint " + ", ".join(f"{k}={v}" for k, v in lib.fingerprint.items() if k != "system_info"))
     click.echo(f"\n{'id':<24} {'tokens':>6} {'KiB':>8} {'fidelity':<8} problem")
     for e in entries:

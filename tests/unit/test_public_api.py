@@ -5,6 +5,7 @@ def test_all_is_pinned():
     assert sorted(kvgraft_plugin.__all__) == sorted(
         [
             "TEMPLATE_VERSION",
+            "Alias",
             "BackendError",
             "BaseStateCache",
             "BuildReport",
