@@ -117,11 +117,12 @@ class View:
     answer: bool = False
     """The entry's answer is shown after its problem (unless it has none or it is long)."""
 
-    def pair(self, problem: str, question: str, answer: str | None) -> tuple[str, str]:
-        """(first, second) as the prompt shows them."""
+    def pair(self, problem: str, question: str, answer: str | None, *, shot: bool = False) -> tuple[str, str]:
+        """(first, second) as the prompt shows them. A worked verdict (``shot``) is never swapped: the views
+        that share a prompt start share its shots."""
         if self.answer and answer and len(answer) <= _MAX_ANSWER_CHARS:
             problem = f"{problem}\nAnswer to the first: {answer}"
-        return (question, problem) if self.swapped else (problem, question)
+        return (question, problem) if self.swapped and not shot else (problem, question)
 
 
 #: The views, in the order they are asked (the first refuses most near-misses; a pair stops at its first
@@ -257,7 +258,7 @@ class Judge:
         """One view's prompt: the model's chat template around the instruction, the texts never special."""
         turns = [("system", view.system)]
         for shot_problem, shot_answer, shot_question, verdict in view.shots:
-            first, second = View("shot", "", (), answer=view.answer).pair(shot_problem, shot_question, shot_answer)
+            first, second = view.pair(shot_problem, shot_question, shot_answer, shot=True)
             turns += [("user", self.instruction.format(problem=first, question=second)), ("assistant", verdict)]
         first, second = view.pair(problem.strip(), question.strip(), answer.strip() if answer else None)
         text = self.instruction.format(problem=first, question=second)

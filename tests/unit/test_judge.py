@@ -90,6 +90,7 @@ def test_the_views_lay_the_pair_out_each_their_way():
     entry_first, question_first, with_answer = VIEWS
     assert entry_first.pair("P", "Q", "A") == ("P", "Q")
     assert question_first.pair("P", "Q", "A") == ("Q", "P")
+    assert question_first.pair("P", "Q", "A", shot=True) == ("P", "Q")  # its shots are entry-first's
     assert with_answer.pair("P", "Q", "A") == ("P\nAnswer to the first: A", "Q")
     assert with_answer.pair("P", "Q", None) == with_answer.pair("P", "Q", "x" * 81) == ("P", "Q")  # none, or code
 
