@@ -222,7 +222,8 @@ class Judge:
                 del self._cache[key]
                 return JudgeVerdict(float("-inf"), threshold, (time.perf_counter() - t0) * 1e3, False, str(exc))
             computed = True
-        return JudgeVerdict(min(margins), threshold, (time.perf_counter() - t0) * 1e3, cached=not computed)
+        ms = (time.perf_counter() - t0) * 1e3 if computed else 0.0
+        return JudgeVerdict(min(margins), threshold, ms, cached=not computed)
 
     def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
         """The margin of a pair whose verdict at ``threshold`` is known from the cache (``None``: it is not);

@@ -62,7 +62,7 @@ def test_judge_reuses_the_shared_prompt_start_and_caches_each_pair():
     first = judge("What is 17 times 23?", "Multiply 17 by 23.", answer="391")
     cost = len(backend.prefilled)
     again = judge("What is 17 times 23?", "Multiply 17 by 23.", answer="391")
-    assert again.cached and again.margin == first.margin and len(backend.prefilled) == cost
+    assert again.cached and again.margin == first.margin and again.ms == 0.0 and len(backend.prefilled) == cost
     judge("What is 17 times 23?", "Compute 17 * 23.", answer="391")
     new_tokens = len(backend.prefilled) - cost
     prompts = sum(len(judge.prompt_tokens(v, "What is 17 times 23?", "Compute 17 * 23.", "391")) for v in VIEWS)
