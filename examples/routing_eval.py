@@ -148,7 +148,7 @@ def replay(embedder: Embedder, named: list[tuple[str, Path, list[Path]]], record
         ids = sorted(entries)
         index.add(ids, embedder.encode([entries[i].problem for i in ids]))
         judge = ReplayJudge(recording)
-        deferred = DeferredJudge(judge, recording.threshold, judge.known)
+        deferred = DeferredJudge(judge, recording.threshold)
         aliases: dict[str, Alias] = {}
         router = Router(
             embedder.encode, lambda vector, k, index=index: [(h.entry_id, h.score) for h in index.search(vector, k)],

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from ._judge import JudgeVerdict
 
@@ -100,35 +100,41 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
     return out
 
 
-#: A verdict on one (entry, question) pair: ``judge(problem, question, answer=..., threshold=...)`` (`Judge`).
-JudgeCall = Callable[..., JudgeVerdict]
+class JudgeLike(Protocol):
+    """What `DeferredJudge` needs of a judge (`kvgraft_plugin._judge.Judge`)."""
+
+    def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float) -> JudgeVerdict:
+        """The verdict on one pair, computed if need be."""
+        ...
+
+    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
+        """The margin of a pair whose verdict at ``threshold`` is already known, else ``None``."""
+        ...
 
 
 class DeferredJudge:
     """A judge that does not make the caller wait: a pair it has not judged is refused now and judged later.
 
     Args:
-        judge: the real judge (`kvgraft_plugin._judge.Judge`); its cache is the memory of what was judged.
+        judge: the real judge (`kvgraft_plugin._judge.Judge`); its cache (``known``) is the memory of what was
+            judged.
         threshold: the margin a pair needs.
-        known: ``(problem, question, answer, threshold) -> margin or None``: a verdict already known at
-            ``threshold`` (the judge's cache).
         capacity: pairs waiting at most; beyond it the oldest is dropped (it is queued again when asked again).
     """
 
     def __init__(
         self,
-        judge: JudgeCall,
+        judge: JudgeLike,
         threshold: float,
-        known: Callable[[str, str, str | None, float], float | None],
         *,
         capacity: int = 256,
     ) -> None:
-        self.judge, self.threshold, self.known, self.capacity = judge, threshold, known, capacity
+        self.judge, self.threshold, self.capacity = judge, threshold, capacity
         self._pending: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
 
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         """The verdict on ``entry`` (an `Entry`) for ``question`` if known, else a refusal that queues the pair."""
-        margin = self.known(entry.problem, question, entry.answer, self.threshold)
+        margin = self.judge.known(entry.problem, question, entry.answer, self.threshold)
         if margin is not None:
             return JudgeVerdict(margin, self.threshold, 0.0, cached=True)
         key = (entry.id, question)

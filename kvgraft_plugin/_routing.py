@@ -129,7 +129,7 @@ class LibraryRouting:
             key = (judge.model_id, threshold)
             deferred = self._deferred.get(key)
             if deferred is None:
-                deferred = self._deferred[key] = DeferredJudge(judge, threshold, judge.known)
+                deferred = self._deferred[key] = DeferredJudge(judge, threshold)
             return deferred
 
         def inline(entry: Entry, question: str, score: float) -> JudgeVerdict:

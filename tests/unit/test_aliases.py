@@ -185,7 +185,7 @@ def test_alias_keys_and_parsing():
 
 def test_the_deferred_queue_is_bounded_and_keeps_the_newest():
     judge = FakeJudge({f"q{i}": 1.0 for i in range(5)})
-    deferred = DeferredJudge(judge, 0.5, judge.known, capacity=3)
+    deferred = DeferredJudge(judge, 0.5, capacity=3)
     for i in range(5):
         assert deferred(ENTRIES[0], f"q{i}", 0.9).deferred
     assert deferred.pending == 3
