@@ -6,9 +6,10 @@ is asked once per (entry, question) pair, in a small context of its own (never t
 bitwise text RAG), and scored by the logit margin of "Yes" over "No" after the assistant's turn opens. The
 threshold on that margin is a library setting, calibrated from labelled questions (`kvgraft calibrate`).
 
-A prompt that shares its start with the previous one (the instruction, often the entry) reuses those cells:
-on this build a prefill split anywhere is bitwise the unsplit one, so a margin does not depend on what was
-judged before.
+Every prompt of a view begins with the same start (its instruction and worked verdicts, ~1,300 tokens). The
+start is prefilled once, and its cells are saved as a state, kept between processes by `JudgeStarts`; a
+prompt restores its start and prefills only the pair. On this build a prefill split anywhere, or continued
+from a restored state, is bitwise the unsplit one, so a margin does not depend on what was judged before.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from pathlib import Path
 from ._backend import Backend
 from ._config import LlamaConfig
 from ._exceptions import ConfigError, ContextOverflowError
-from ._models import model_name_of, resolve_model
+from ._fingerprint import make_fingerprint
+from ._judge_starts import JudgeStarts, StartStore
+from ._models import file_sha256, model_name_of, resolve_model
+from ._paths import cache_root
 from ._template import _SLOT, _segments
 
 __all__ = ["DEFAULT_THRESHOLD", "JUDGE_N_CTX", "JUDGE_PROMPT", "VIEWS", "Judge", "JudgeVerdict", "View", "open_judge"]
@@ -117,12 +121,13 @@ class View:
     answer: bool = False
     """The entry's answer is shown after its problem (unless it has none or it is long)."""
 
-    def pair(self, problem: str, question: str, answer: str | None, *, shot: bool = False) -> tuple[str, str]:
-        """(first, second) as the prompt shows them. A worked verdict (``shot``) is never swapped: the views
-        that share a prompt start share its shots."""
+    def user(self, problem: str, question: str, answer: str | None, *, shot: bool = False) -> str:
+        """The user turn that asks about a pair. A worked verdict (``shot``) is never swapped: the views that
+        share a prompt start share its shots."""
         if self.answer and answer and len(answer) <= _MAX_ANSWER_CHARS:
             problem = f"{problem}\nAnswer to the first: {answer}"
-        return (question, problem) if self.swapped and not shot else (problem, question)
+        first, second = (question, problem) if self.swapped and not shot else (problem, question)
+        return _INSTRUCTION.format(problem=first, question=second)
 
 
 #: The views, in the order they are asked (the first refuses most near-misses; a pair stops at its first
@@ -168,18 +173,20 @@ class JudgeVerdict:
 class Judge:
     """A same-problem judge on ``backend`` (an instruct model with a chat template).
 
-    Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest. The views whose
-    prompts start alike share a sequence of ``backend``, so that the start's cells are reused; a backend
-    needs a sequence per distinct start (`open_judge` makes it so).
+    Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest.
+    The prompts of a view begin with the same start (its instruction and worked verdicts): the start is
+    prefilled once and its cells are saved as a state (in ``starts`` too, when given, for the next judge),
+    and a prompt of another start than the one in the cells restores that start's state first. A restored
+    start continues bitwise like a prefilled one, so a margin does not depend on what was judged before.
 
     Args:
         backend: a backend of its own (not the engine's: its cells are the judge's scratch space).
         threshold: the margin a pair needs to pass.
         model_id: names the judge model in results and in the library's calibration.
         cache_size: how many (entry, question) pairs' margins are kept.
+        views: the views asked, in order.
+        starts: where the starts' states are kept between processes (`JudgeStarts`); ``None``: in memory only.
     """
-
-    instruction = _INSTRUCTION
 
     def __init__(
         self,
@@ -189,14 +196,15 @@ class Judge:
         model_id: str = "",
         cache_size: int = 4096,
         views: tuple[View, ...] = VIEWS,
+        starts: StartStore | None = None,
     ) -> None:
         self.backend, self.threshold, self.model_id, self.views = backend, threshold, model_id, views
-        starts = list(dict.fromkeys((v.system, v.shots) for v in views))
-        self._sequence = [starts.index((v.system, v.shots)) for v in views]
-        if len(starts) > getattr(backend, "n_seq", 1):
-            raise ConfigError(f"the judge's {len(starts)} prompt starts need a backend of {len(starts)} sequences")
+        kinds = list(dict.fromkeys((v.system, v.shots) for v in views))
+        self._start_of = [kinds.index((v.system, v.shots)) for v in views]
+        self._starts: list[tuple[list[int], bytearray] | None] = [None] * len(kinds)
+        self._store = starts
         self._yes, self._no = self._answer_tokens(_YES), self._answer_tokens(_NO)
-        self._fed: list[list[int]] = [[] for _ in starts]
+        self._fed: list[int] = []  # what the backend's cells hold
         self._cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()  # the views' margins so far
         self._cache_size = cache_size
 
@@ -239,38 +247,63 @@ class Judge:
 
     def view_margin(self, view: int, problem: str, question: str, answer: str | None = None) -> float:
         """The Yes-minus-No logit margin of one view of a pair, computed now."""
-        tokens = self.prompt_tokens(self.views[view], problem, question, answer)
-        sequence = self._sequence[view]
-        if hasattr(self.backend, "use_sequence"):
-            self.backend.use_sequence(sequence)
-        fed = self._fed[sequence]
+        tokens, n_start = self._prompt(self.views[view], problem, question, answer)
+        start, state = self._start(self._start_of[view], tokens[:n_start])
+        if self._fed[:n_start] != start:  # the cells hold another view's start
+            self._fed = []
+            self.backend.restore_state(state, n_start)
+            self._fed = list(start)
         reuse = 0
-        for a, b in zip(fed, tokens[:-1]):  # the last token is always fed: its logits are the verdict
+        for a, b in zip(self._fed, tokens[:-1]):  # the last token is always fed: its logits are the verdict
             if a != b:
                 break
             reuse += 1
         self.backend.truncate(reuse)
-        self._fed[sequence] = []  # until the prefill below has succeeded
+        self._fed = []  # until the prefill below has succeeded
         logits = self.backend.prefill(tokens[reuse:])
-        self._fed[sequence] = tokens
+        self._fed = tokens
         return float(max(logits[t] for t in self._yes) - max(logits[t] for t in self._no))
 
     def prompt_tokens(self, view: View, problem: str, question: str, answer: str | None = None) -> list[int]:
         """One view's prompt: the model's chat template around the instruction, the texts never special."""
+        return self._prompt(view, problem, question, answer)[0]
+
+    def _prompt(self, view: View, problem: str, question: str, answer: str | None) -> tuple[list[int], int]:
+        """The prompt's tokens and how many of them are the view's start (all before the pair's own text)."""
+        user = view.user(problem.strip(), question.strip(), answer.strip() if answer else None)
         turns = [("system", view.system)]
         for shot_problem, shot_answer, shot_question, verdict in view.shots:
-            first, second = view.pair(shot_problem, shot_question, shot_answer, shot=True)
-            turns += [("user", self.instruction.format(problem=first, question=second)), ("assistant", verdict)]
-        first, second = view.pair(problem.strip(), question.strip(), answer.strip() if answer else None)
-        text = self.instruction.format(problem=first, question=second)
-        turns.append(("user", _SLOT.sub("", text)))  # text that mimics a placeholder is dropped, not obeyed
+            turns += [("user", view.user(shot_problem, shot_question, shot_answer, shot=True)), ("assistant", verdict)]
+        turns.append(("user", _SLOT.sub("", user)))  # text that mimics a placeholder is dropped, not obeyed
         contents = [content for _, content in turns]
         slots = [(role, f"\ue000{i}\ue001") for i, (role, _) in enumerate(turns)]
         rendered = self.backend.render_chat(slots, add_generation_prompt=True, name=None)
         tokens: list[int] = []
+        n_start, texts = 0, 0
         for i, segment in enumerate(_segments(rendered, contents)):
+            if not segment.special:
+                texts += 1
+                if texts == len(turns):  # the pair's own text: every prompt of the view shares what is before
+                    n_start = len(tokens)
             tokens += self.backend.tokenize(segment.text, add_bos=i == 0, special=segment.special)
-        return tokens
+        return tokens, n_start
+
+    def _start(self, kind: int, tokens: list[int]) -> tuple[list[int], bytearray]:
+        """A start's tokens and the state of its cells: kept, loaded from the store, or prefilled now."""
+        known = self._starts[kind]
+        if known is not None and known[0] == tokens:
+            return known
+        state = self._store.load(tokens) if self._store is not None else None
+        if state is None:
+            self._fed = []
+            self.backend.reset()
+            self.backend.prefill(tokens)
+            state = self.backend.capture_state()
+            self._fed = list(tokens)
+            if self._store is not None:
+                self._store.save(tokens, state)
+        self._starts[kind] = (tokens, state)
+        return tokens, state
 
     def _answer_tokens(self, spellings: tuple[str, ...]) -> list[int]:
         ids = {ids[0] for s in spellings if len(ids := self.backend.tokenize(s, add_bos=False)) == 1}
@@ -287,16 +320,28 @@ def _key(problem: str, answer: str | None, question: str) -> tuple[str, str]:
 JUDGE_N_CTX = 2048
 
 
-def open_judge(model: str | Path, *, threshold: float = DEFAULT_THRESHOLD, n_threads: int | None = None) -> Judge:
+def open_judge(
+    model: str | Path,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    n_threads: int | None = None,
+    starts_dir: Path | None = None,
+) -> Judge:
     """A judge on ``model`` (a catalogue name or a GGUF path), in a context of its own (`JUDGE_N_CTX`).
 
-    The model file is memory-mapped, so a judge on the served model shares its weights' pages."""
+    The model file is memory-mapped, so a judge on the served model shares its weights' pages. Its prompt
+    starts' states are kept in ``starts_dir`` (default: the cache's ``judge/``), so only the first judge of
+    this runtime prefills them."""
     path = resolve_model(model)  # an absent model is a `ModelError` before llama.cpp is loaded
 
     from .adapters.llama_cpp import LlamaBackend  # llama.cpp is imported by adapters only
 
     config = LlamaConfig(n_ctx=JUDGE_N_CTX)
     config = config.replace(n_threads=n_threads) if n_threads else config
+    backend = LlamaBackend(path, config)
+    fingerprint = make_fingerprint(
+        template=JUDGE_PROMPT, gguf_sha256=file_sha256(path), runtime=backend.runtime_facts(), llama=config
+    )
+    starts = JudgeStarts(starts_dir or cache_root() / "judge", fingerprint)
     name = model_name_of(path) or path.name
-    n_seq = len({(v.system, v.shots) for v in VIEWS})  # a sequence per prompt start, each with its cells kept
-    return Judge(LlamaBackend(path, config, n_seq=n_seq), threshold=threshold, model_id=name)
+    return Judge(backend, threshold=threshold, model_id=name, starts=starts)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
 from kvgraft_plugin._checks import library_tests_checker
+from kvgraft_plugin._judge import JUDGE_PROMPT, VIEWS, open_judge
 from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
 from kvgraft_plugin.cli import main
 
@@ -182,6 +183,23 @@ def test_the_judge_decides_what_the_word_guards_refuse(judged, qwen):
     assert again.text == graft.text and again.phases_ms.get("judge", 0.0) == 0.0
 
 
+def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(judged):
+    judge = judged.routing.judge(judged.config)[0]
+    margins = [judge.view_margin(i, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer) for i in range(len(VIEWS))]
+    # a new judge on the model (as in the next process) restores the starts the first one saved
+    fresh = open_judge(NAME, n_threads=2)
+    fed: list[int] = []
+    prefill = fresh.backend.prefill
+    fresh.backend.prefill = lambda tokens: fed.append(len(tokens)) or prefill(tokens)  # type: ignore[method-assign]
+    try:
+        again = [fresh.view_margin(i, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer) for i in range(len(VIEWS))]
+        shortest = min(len(fresh.prompt_tokens(v, BOIL.problem, BOIL_NEAR_MISS)) for v in VIEWS)
+    finally:
+        fresh.backend.close()
+    assert again == margins, (margins, again)  # bitwise: a restored start continues like a prefilled one
+    assert max(fed) < 200 < shortest  # only the pairs' own text was prefilled
+
+
 def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, tmp_path):
     labelled = tmp_path / "labelled.jsonl"
     rows = [
@@ -201,7 +219,7 @@ def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, t
     chosen = json.loads(result.stdout)
     assert (chosen["model"], chosen["right"], chosen["wrong"]) == (NAME, 1, 0)
     judge = Library.open(qwen_library).routing["judge"]
-    assert judge["threshold"] == chosen["threshold"] and judge["prompt"] == "same-problem-v2"
+    assert judge["threshold"] == chosen["threshold"] and judge["prompt"] == JUDGE_PROMPT
     with GraftEngine(qwen_library, n_threads=2) as engine:  # no judge_model: the library's
         assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "graft"
     with GraftEngine(qwen_library, n_threads=2, judge_model="off") as engine:
