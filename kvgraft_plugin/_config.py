@@ -134,7 +134,9 @@ class EngineConfig:
     judge_model: str | None = None
     """A same-problem judge (`kvgraft_plugin._judge`): a catalogue name or GGUF path of an instruct model,
     asked about every candidate that passes the threshold and the structural guards; ``"off"``: none.
-    ``None``: the library's, when ``kvgraft calibrate --judge-model`` recorded one and it is on this machine."""
+    ``None``: the library's, when ``kvgraft calibrate --judge-model`` recorded one and it is on this machine;
+    else the served model itself, when it is an instruct model that passes the judge check
+    (`kvgraft_plugin._judge_check`)."""
     judge_threshold: float | None = None
     """The judge's margin a candidate needs. ``None``: the library's calibrated one for that judge, else
     `kvgraft_plugin._judge.DEFAULT_THRESHOLD`."""

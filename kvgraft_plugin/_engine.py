@@ -96,7 +96,10 @@ class GraftEngine:
         self.template: Template = _template(self.config, library, self.answer_format, self.backend)
         """How every route's tokens are laid out (`kvgraft_plugin._template`): the config's, else the library's."""
         self.prompts = PromptTokens(self.template, self.backend.tokenize)
-        self.routing = LibraryRouting(library, embedder or self.config.embedder)
+        instruct = bool(self.backend.meta("tokenizer.chat_template"))
+        self.routing = LibraryRouting(
+            library, embedder or self.config.embedder, served=self.backend.model_path if instruct else None
+        )
         """The library's embedder, index and routers."""
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         self._closed = False
@@ -123,6 +126,7 @@ class GraftEngine:
                 self._worker.call(lambda: self._lookup.max_batch)  # measured once per build and model, not in a TTFT
             if library is not None and library.trusted and library.entries:
                 self._worker.call(self.routing.warm_up)
+                self._worker.call(lambda: self.routing.judge(self.config))  # opened (and checked) before a request
         except BaseException:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise

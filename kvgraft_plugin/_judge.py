@@ -18,8 +18,10 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ._backend import Backend
 from ._config import LlamaConfig
@@ -186,6 +188,7 @@ class Judge:
         cache_size: how many (entry, question) pairs' margins are kept.
         views: the views asked, in order.
         starts: where the starts' states are kept between processes (`JudgeStarts`); ``None``: in memory only.
+        fingerprint: the runtime that decides the margins (`kvgraft_plugin._fingerprint.make_fingerprint`).
     """
 
     def __init__(
@@ -197,8 +200,10 @@ class Judge:
         cache_size: int = 4096,
         views: tuple[View, ...] = VIEWS,
         starts: StartStore | None = None,
+        fingerprint: Mapping[str, Any] | None = None,
     ) -> None:
         self.backend, self.threshold, self.model_id, self.views = backend, threshold, model_id, views
+        self.fingerprint: dict[str, Any] = dict(fingerprint or {})
         kinds = list(dict.fromkeys((v.system, v.shots) for v in views))
         self._start_of = [kinds.index((v.system, v.shots)) for v in views]
         self._starts: list[tuple[list[int], bytearray] | None] = [None] * len(kinds)
@@ -344,4 +349,4 @@ def open_judge(
     )
     starts = JudgeStarts(starts_dir or cache_root() / "judge", fingerprint)
     name = model_name_of(path) or path.name
-    return Judge(backend, threshold=threshold, model_id=name, starts=starts)
+    return Judge(backend, threshold=threshold, model_id=name, starts=starts, fingerprint=fingerprint)

@@ -17,7 +17,9 @@ from ._config import EngineConfig
 from ._exceptions import LibraryError, ModelError
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
 from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, Judge, JudgeVerdict, open_judge
+from ._judge_check import check_judge
 from ._library import Library, source_sha256
+from ._paths import cache_root
 from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, JudgeFn, Router, load_match_check
 from ._template import Entry
 
@@ -29,15 +31,21 @@ logger = logging.getLogger(__name__)
 class LibraryRouting:
     """Routing over ``library`` (``None``: none loaded) with the settings of a request's config."""
 
-    def __init__(self, library: Library | None, embedder: Embedder | str | Path | None = None) -> None:
-        """``embedder``: a model name or path (default: the library's), or a ready `Embedder`."""
+    def __init__(
+        self, library: Library | None, embedder: Embedder | str | Path | None = None, *, served: Path | None = None
+    ) -> None:
+        """``embedder``: a model name or path (default: the library's), or a ready `Embedder`. ``served``: the
+        served model's GGUF when it is an instruct model (it has a chat template): the judge when no other is
+        configured or calibrated and it passes `check_judge`."""
         self.library = library
+        self.served = served
         self._embedder_name = embedder if embedder is None or isinstance(embedder, (str, Path)) else None
         self._embedder = None if embedder is None or isinstance(embedder, (str, Path)) else embedder
         self._index: VectorIndex | None = None
         self._routers: dict[tuple[Any, ...], Router] = {}
         self._judges: dict[str, Judge] = {}
         self._unavailable: set[str] = set()  # the library's judges that are not on this machine (logged once)
+        self._checked: dict[float, bool] = {}  # the served model's judge check, per threshold
         self._deferred: dict[tuple[str, float], DeferredJudge] = {}
         self.aliases: dict[str, Alias] = _live_aliases(library)
         """The library's aliases whose entry still has the text that was judged; every router reads it."""
@@ -159,11 +167,14 @@ class LibraryRouting:
 
         The config's ``judge_model`` wins (``"off"``: none); else the library's calibrated judge, when its
         model is on this machine (when it is not, routing keeps the word guards, which fail closed, and says
-        so in the log). The threshold is the config's, else the library's for that model and prompt."""
+        so in the log); else the served model, when it is an instruct model that passes the judge check. The
+        threshold is the config's, else the library's for that model and prompt."""
         recorded = self.library.routing.get("judge") if self.library is not None else None
         recorded = recorded if isinstance(recorded, dict) else {}
         model = config.judge_model or recorded.get("model")
-        if not model or model == "off" or (model in self._unavailable and not config.judge_model):
+        if not model:
+            return self._served_judge(config)
+        if model == "off" or (model in self._unavailable and not config.judge_model):
             return None
         judge = self._judges.get(model)
         if judge is None:
@@ -181,6 +192,26 @@ class LibraryRouting:
             threshold = float(recorded["threshold"]) if same and "threshold" in recorded else DEFAULT_THRESHOLD
         profile = config.profile or (recorded.get("profile") if same else None) or "none"
         return judge, threshold, profile
+
+    def _served_judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
+        """The served model as its own judge, when it is an instruct model that passes the judge check at the
+        threshold in force (checked once per model and runtime: `check_judge`)."""
+        if self.served is None:
+            return None
+        threshold = DEFAULT_THRESHOLD if config.judge_threshold is None else config.judge_threshold
+        model = str(self.served)
+        if self._checked.get(threshold) is False:
+            return None
+        judge = self._judges.get(model)
+        if judge is None:
+            judge = self._judges[model] = open_judge(self.served, n_threads=config.llama.n_threads)
+        if threshold not in self._checked:
+            check = check_judge(judge, threshold, cache_root() / "judge")
+            self._checked[threshold] = check.passed
+            logger.info("%s%s", check.reason, "" if check.passed else ": routing without a judge")
+            if not check.passed:
+                return None
+        return judge, threshold, config.profile or "none"
 
     def explain(self, question: str, config: EngineConfig) -> list[tuple[str, float, str | None]]:
         """Every candidate the router considers for ``question``: (entry id, score, refusal or ``None``)."""

@@ -83,7 +83,8 @@ def routing_options(func: F) -> F:
         click.option(
             "--judge-model",
             help="Same-problem judge: an instruct model's name or GGUF path, or 'off' (default: the library's, "
-            "from `kvgraft calibrate --judge-model`).",
+            "from `kvgraft calibrate --judge-model`, else the served model when it is an instruct model that "
+            "passes the judge check).",
         ),
         click.option("--judge-threshold", type=float, help="Judge margin a match needs (default: the library's)."),
         click.option(

@@ -92,3 +92,19 @@ def test_a_copied_solution_is_drafted_from_the_entry(tmp_path, gemma_path):
             assert lookup.route == "graft" and lookup.text == step.text == rag.text
             assert lookup.accepted_tokens >= 0.6 * lookup.decode_tokens, lookup
             assert (rag.drafted_tokens, rag.accepted_tokens) == (lookup.drafted_tokens, lookup.accepted_tokens)
+
+
+@pytest.mark.parametrize(("model", "library"), [("gemma_path", "small_library"), ("smol_path", "smol_library")])
+def test_a_served_model_that_cannot_judge_is_not_its_own_judge(model, library, request, caplog):
+    # Gemma 270M is a base model (no chat template): never asked. SmolLM2-135M-Instruct is asked the judge
+    # check and lets a near-miss through: routing keeps the word guards, and says why in the log.
+    path = request.getfixturevalue(model)
+    with caplog.at_level("INFO", logger="kvgraft_plugin._routing"):
+        with GraftEngine(request.getfixturevalue(library), model_path=str(path), n_threads=2) as engine:
+            assert engine.routing.judge(engine.config) is None
+            result = engine.ask("What is 17 times 23?", max_tokens=4)
+            assert result.route == "graft" and "judge" not in [v["guard"] for v in result.match]
+    if model == "smol_path":
+        assert engine.routing.served == path and "smollm2-135m fails the judge check" in caplog.text
+    else:
+        assert engine.routing.served is None and "judge check" not in caplog.text

@@ -17,8 +17,10 @@ from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
 from kvgraft_plugin._checks import library_tests_checker
-from kvgraft_plugin._judge import JUDGE_PROMPT, VIEWS, open_judge
+from kvgraft_plugin._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, VIEWS, open_judge
+from kvgraft_plugin._judge_check import check_judge
 from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
+from kvgraft_plugin._paths import cache_root
 from kvgraft_plugin.cli import main
 
 NAME = "qwen2.5-coder-1.5b-instruct"
@@ -105,7 +107,7 @@ def qwen_library(qwen_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen(qwen_library):
     with GraftEngine(qwen_library, n_threads=2) as engine:  # the library remembers its model by name
-        yield engine
+        yield engine  # and, an instruct model that passes the judge check, it is its own judge
 
 
 def test_the_library_is_exact_and_remembers_the_model_by_name(qwen, qwen_library, qwen_path):
@@ -159,32 +161,34 @@ BOIL_REWORDED = "Water at sea level boils at how many degrees on the Celsius sca
 BOIL_NEAR_MISS = "At what temperature in degrees Fahrenheit does water boil at sea level?"
 
 
-@pytest.fixture(scope="module")
-def judged(qwen_library, qwen_path):
-    with GraftEngine(qwen_library, n_threads=2, judge_model=NAME) as engine:
-        yield engine
+def test_the_served_model_passes_the_judge_check_and_judges_by_default(qwen):
+    judge, threshold, _ = qwen.routing.judge(qwen.config)
+    assert judge.model_id == NAME and threshold == DEFAULT_THRESHOLD
+    assert Path(judge.backend.model_path) == qwen.model_path  # the served model, in a context of its own
+    check = check_judge(judge, threshold, cache_root() / "judge")  # the verdict the engine read or wrote
+    assert check.passed and not any(m >= threshold for m in check.different), check.reason
 
 
-def test_the_judge_decides_what_the_word_guards_refuse(judged, qwen):
+def test_the_judge_decides_what_the_word_guards_refuse(qwen):
     # without a judge the word guards refuse the rewording ("scale"); the judge lets it graft
-    assert qwen.ask(BOIL_REWORDED, max_tokens=40).route == "plain"
-    graft = judged.ask(BOIL_REWORDED, max_tokens=40)
+    assert qwen.ask(BOIL_REWORDED, max_tokens=40, routing={"judge_model": "off"}).route == "plain"
+    graft = qwen.ask(BOIL_REWORDED, max_tokens=40)
     assert graft.route == "graft" and graft.entry_id == BOIL.id
     verdicts = [v for v in graft.match if v["guard"] == "judge"]
     assert [v["passed"] for v in verdicts] == [True] and graft.phases_ms["judge"] > 0
     # the judge's context is its own: the graft is still bitwise text RAG with the same entry
-    text_rag = judged.ask(BOIL_REWORDED, mode="text-rag", max_tokens=40)
+    text_rag = qwen.ask(BOIL_REWORDED, mode="text-rag", max_tokens=40)
     assert graft.text == text_rag.text and graft.decode_tokens == text_rag.decode_tokens
     # a near-miss that the structural guards cannot see (another unit, no number) is the judge's to refuse
-    near = judged.ask(BOIL_NEAR_MISS, max_tokens=8)
+    near = qwen.ask(BOIL_NEAR_MISS, max_tokens=8)
     assert near.route == "plain" and "judge margin" in near.fallback_reason
     # each (entry, question) pair is judged once
-    again = judged.ask(BOIL_REWORDED, max_tokens=40)
+    again = qwen.ask(BOIL_REWORDED, max_tokens=40)
     assert again.text == graft.text and again.phases_ms.get("judge", 0.0) == 0.0
 
 
-def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(judged):
-    judge = judged.routing.judge(judged.config)[0]
+def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(qwen):
+    judge = qwen.routing.judge(qwen.config)[0]
     margins = [judge.view_margin(i, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer) for i in range(len(VIEWS))]
     # a new judge on the model (as in the next process) restores the starts the first one saved
     fresh = open_judge(NAME, n_threads=2)

@@ -1,0 +1,58 @@
+"""The judge check (no model): which pairs are asked, when it stops, and its verdict kept per runtime."""
+
+from __future__ import annotations
+
+from kvgraft_plugin._judge import JudgeVerdict
+from kvgraft_plugin._judge_check import CHECK_PAIRS, check_judge
+
+
+class ScriptedJudge:
+    """Says ``same`` of a paraphrase and ``different`` of a near-miss, and counts what it was asked."""
+
+    model_id = "scripted"
+
+    def __init__(self, same: float, different: float, runtime: str = "a") -> None:
+        self.same, self.different, self.asked = same, different, 0
+        self.fingerprint = {"gguf_sha256": runtime}
+        self._labels = {(p, q): s for p, _, q, s in CHECK_PAIRS}
+
+    def __call__(self, problem, question, *, answer=None, threshold=None) -> JudgeVerdict:
+        self.asked += 1
+        margin = self.same if self._labels[(problem, question)] else self.different
+        return JudgeVerdict(margin, threshold, 1.0, False)
+
+
+def test_a_judge_that_refuses_near_misses_and_lets_paraphrases_through_passes():
+    judge = ScriptedJudge(same=2.0, different=-3.0)
+    check = check_judge(judge, -1.0)
+    assert check.passed and len(check.different) == 8 and len(check.same) == 4  # it stops once half pass
+    assert judge.asked == 12 and "passes" in check.reason
+
+
+def test_a_judge_fails_at_its_first_near_miss_let_through_or_when_it_refuses_most_paraphrases():
+    yes_man = ScriptedJudge(same=2.0, different=0.5)
+    check = check_judge(yes_man, -1.0)
+    assert not check.passed and yes_man.asked == 1 and "let through 1 of 1 near-misses" in check.reason
+    naysayer = ScriptedJudge(same=-2.0, different=-3.0)
+    assert not check_judge(naysayer, -1.0).passed and naysayer.asked == 16
+    assert check_judge(ScriptedJudge(same=-0.5, different=-3.0), -1.0).passed  # the threshold decides
+    assert not check_judge(ScriptedJudge(same=-0.5, different=-3.0), 0.0).passed
+
+
+def test_the_verdict_is_kept_per_runtime_and_threshold(tmp_path):
+    first = ScriptedJudge(same=2.0, different=-3.0)
+    saved = check_judge(first, -1.0, tmp_path)
+    again = ScriptedJudge(same=2.0, different=-3.0)
+    assert check_judge(again, -1.0, tmp_path) == saved and again.asked == 0
+    other = ScriptedJudge(same=2.0, different=0.5, runtime="b")
+    assert not check_judge(other, -1.0, tmp_path).passed and other.asked == 1  # another runtime: asked
+    assert check_judge(ScriptedJudge(2.0, -3.0), 0.5, tmp_path).threshold == 0.5  # another threshold: asked
+    for path in tmp_path.glob("check-*.json"):
+        path.write_text("{")  # damaged: asked again
+    damaged = ScriptedJudge(same=2.0, different=-3.0)
+    assert check_judge(damaged, -1.0, tmp_path) == saved and damaged.asked == 12
+
+
+def test_the_check_pairs_are_half_paraphrases_and_half_near_misses():
+    assert sum(same for *_, same in CHECK_PAIRS) == 8 and len(CHECK_PAIRS) == 16
+    assert len({(p, q) for p, _, q, _ in CHECK_PAIRS}) == 16
