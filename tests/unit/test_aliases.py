@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from test_engine_fake import ScriptedBackend
 from test_fallbacks_fake import ENTRIES, BagOfWords
 
-from kvgraft_plugin import GraftEngine, Library
+from kvgraft_plugin import GraftEngine, Library, _routing
 from kvgraft_plugin._aliases import Alias, DeferredJudge, alias_key, parse_aliases
 from kvgraft_plugin._build import build_library
 from kvgraft_plugin._judge import JudgeVerdict
@@ -58,12 +58,12 @@ def served(tmp_path, monkeypatch):
     engines: list[GraftEngine] = []
 
     def open_engine(library, judge: FakeJudge | None = None, **settings) -> GraftEngine:
+        if judge is not None:  # the judge model, as `open_judge` would load it
+            monkeypatch.setattr(_routing, "open_judge", lambda model, **_: judge)
         engine = GraftEngine(
             library, backend=ScriptedBackend(model, b"391."), embedder=BagOfWords(), n_threads=1, decode="step",
             threshold=0.1, **({"judge_model": judge.model_id, "judge_threshold": 1.0} if judge else {}), **settings,
         )  # fmt: skip
-        if judge is not None:
-            engine.routing._judges[judge.model_id] = judge  # the judge model, already loaded
         engines.append(engine)
         return engine
 
