@@ -13,7 +13,16 @@ from kvgraft_plugin._calibrate import _judge_point
 from kvgraft_plugin._exceptions import ConfigError, ContextOverflowError
 from kvgraft_plugin._judge import VIEWS, Judge, JudgeVerdict
 from kvgraft_plugin._judge_starts import JudgeStarts
-from kvgraft_plugin._router import JUDGED_GUARDS, Candidate, Match, NoMatch, Router, code_guard, numbers_guard
+from kvgraft_plugin._router import (
+    DEFAULT_GUARDS,
+    JUDGED_GUARDS,
+    Candidate,
+    Match,
+    NoMatch,
+    Router,
+    code_guard,
+    numbers_guard,
+)
 from kvgraft_plugin._signature import signature
 from kvgraft_plugin._template import Entry
 
@@ -166,6 +175,7 @@ ENTRIES = {
     "fall": Entry("fall", "A stone is dropped from 45 m. How long does it take to reach the ground?", "3 s"),
     "speed": Entry("speed", "A stone is dropped from 45 m. How fast is it when it reaches the ground?", "30 m/s"),
     "mass": Entry("mass", "What is the weight of a 5 kg mass on the Moon?", "8 N"),
+    "rle": Entry("rle", 'def rle(text):\n    """Encode runs as char+count: \'aab\' -> \'a2b1\'."""', "    ..."),
 }
 
 
@@ -178,6 +188,17 @@ def judged_router(verdicts: dict[str, float], hits: list[tuple[str, float]]) -> 
 
     fake = FakeIndex(hits)
     return Router(fake.embed, fake.search, ENTRIES, threshold=0.5, guards=JUDGED_GUARDS, judge=judge), asked
+
+
+def test_a_function_prompt_against_one_is_read_by_the_default_guards_not_the_judge():
+    router, asked = judged_router({"rle": -5.0}, [("rle", 0.9)])
+    renamed = router.route('def encode(s):\n    """Encode runs as char+count."""')  # the judge would refuse it
+    assert isinstance(renamed, Match) and renamed.entry_id == "rle" and asked == []
+    assert [v.guard for v in renamed.trail] == ["threshold", *(name for name, _ in DEFAULT_GUARDS)]
+    changed = router.route('def encode(s):\n    """Decode runs as char+count."""')  # the word guards refuse it
+    assert isinstance(changed, NoMatch) and asked == []
+    prose = router.route("Encode the runs of 'aab' as char+count.")  # not a function prompt: the judged guards
+    assert isinstance(prose, NoMatch) and [v.guard for v in prose.trail] == ["threshold", "numbers", "prefix", "code"]
 
 
 def test_with_a_judge_only_the_structural_guards_run_then_the_judge_decides():
