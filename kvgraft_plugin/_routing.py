@@ -21,6 +21,7 @@ from ._judge_check import check_judge
 from ._library import Library, source_sha256
 from ._paths import cache_root
 from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, JudgeFn, Router, load_match_check
+from ._signature import python_prompt
 from ._template import Entry
 
 __all__ = ["LibraryRouting"]
@@ -46,6 +47,7 @@ class LibraryRouting:
         self._judges: dict[str, Judge] = {}
         self._unavailable: set[str] = set()  # the library's judges that are not on this machine (logged once)
         self._checked: dict[float, bool] = {}  # the served model's judge check, per threshold
+        self._function_prompts: bool | None = None
         self._deferred: dict[tuple[str, float], DeferredJudge] = {}
         self.aliases: dict[str, Alias] = _live_aliases(library)
         """The library's aliases whose entry still has the text that was judged; every router reads it."""
@@ -81,6 +83,7 @@ class LibraryRouting:
         """Forget the loaded index and routers: the next request reads the library's index again."""
         self._index = None
         self._routers.clear()
+        self._function_prompts = None
         self.aliases.clear()
         self.aliases.update(_live_aliases(self.library))
 
@@ -196,7 +199,7 @@ class LibraryRouting:
     def _served_judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
         """The served model as its own judge, when it is an instruct model that passes the judge check at the
         threshold in force (checked once per model and runtime: `check_judge`)."""
-        if self.served is None:
+        if self.served is None or self._all_function_prompts():
             return None
         threshold = DEFAULT_THRESHOLD if config.judge_threshold is None else config.judge_threshold
         model = str(self.served)
@@ -212,6 +215,14 @@ class LibraryRouting:
             if not check.passed:
                 return None
         return judge, threshold, config.profile or "none"
+
+    def _all_function_prompts(self) -> bool:
+        """Every entry is a Python function prompt: the router reads those with its guards and never asks a
+        judge (`Router._check`), so the served model is not opened and checked as one."""
+        if self._function_prompts is None:
+            entries = self.library.entries.values() if self.library is not None else ()
+            self._function_prompts = bool(entries) and all(python_prompt(r.entry.problem) for r in entries)
+        return self._function_prompts
 
     def explain(self, question: str, config: EngineConfig) -> list[tuple[str, float, str | None]]:
         """Every candidate the router considers for ``question``: (entry id, score, refusal or ``None``)."""

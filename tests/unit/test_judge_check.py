@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
+from kvgraft_plugin import _routing
+from kvgraft_plugin._config import EngineConfig
 from kvgraft_plugin._judge import JudgeVerdict
 from kvgraft_plugin._judge_check import CHECK_PAIRS, check_judge
+from kvgraft_plugin._template import Entry
 
 
 class ScriptedJudge:
@@ -56,3 +62,20 @@ def test_the_verdict_is_kept_per_runtime_and_threshold(tmp_path):
 def test_the_check_pairs_are_half_paraphrases_and_half_near_misses():
     assert sum(same for *_, same in CHECK_PAIRS) == 8 and len(CHECK_PAIRS) == 16
     assert len({(p, q) for p, _, q, _ in CHECK_PAIRS}) == 16
+
+
+def test_the_served_model_is_opened_as_a_judge_only_when_it_may_be_asked(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    opened: list[Path] = []
+    monkeypatch.setattr(_routing, "open_judge", lambda path, **_: opened.append(path) or ScriptedJudge(2.0, -3.0))
+    stub = Entry("rle", 'def rle(text):\n    """Encode runs as char+count."""', "    ...")
+    library = SimpleNamespace(routing={}, aliases={}, entries={"rle": SimpleNamespace(entry=stub)})
+    served = Path("served.gguf")
+    # only function prompts: the router never asks a judge about those, so none is opened
+    assert _routing.LibraryRouting(library, "minilm", served=served).judge(EngineConfig()) is None and not opened
+    library.entries["boil"] = SimpleNamespace(entry=Entry("boil", "At what temperature does water boil?", "100"))
+    routing = _routing.LibraryRouting(library, "minilm", served=served)
+    judge, threshold, profile = routing.judge(EngineConfig())
+    assert opened == [served] and (judge.model_id, threshold, profile) == ("scripted", -1.0, "none")
+    assert _routing.LibraryRouting(library, "minilm").judge(EngineConfig()) is None  # not an instruct model
+    assert routing.judge(EngineConfig(judge_model="off")) is None
