@@ -433,7 +433,7 @@ class Router:
 
         A Python function prompt asked against one is read by the default guards (signature, code, examples
         and docstring words) and not by the judge: on the code set the judge let through 3 of 87 near-misses
-        and 3 wrong entries where those guards let none, and refused 25 of 26 renamed functions
+        where those guards let none through, and refused 25 of 26 renamed functions
         (docs/routing.md)."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
         guards, judge = self.guards, self.judge
