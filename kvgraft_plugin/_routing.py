@@ -213,6 +213,7 @@ class LibraryRouting:
             self._checked[threshold] = check.passed
             logger.info("%s%s", check.reason, "" if check.passed else ": routing without a judge")
             if not check.passed:
+                self._judges.pop(model).backend.close()  # its context is freed; the weights are the engine's
                 return None
         return judge, threshold, config.profile or "none"
 

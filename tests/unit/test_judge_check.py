@@ -20,6 +20,8 @@ class ScriptedJudge:
     def __init__(self, same: float, different: float, runtime: str = "a") -> None:
         self.same, self.different, self.asked = same, different, 0
         self.fingerprint = {"gguf_sha256": runtime}
+        self.backend = SimpleNamespace(close=lambda: setattr(self, "closed", True))
+        self.closed = False
         self._labels = {(p, q): s for p, _, q, s in CHECK_PAIRS}
 
     def __call__(self, problem, question, *, answer=None, threshold=None) -> JudgeVerdict:
@@ -79,3 +81,8 @@ def test_the_served_model_is_opened_as_a_judge_only_when_it_may_be_asked(monkeyp
     assert opened == [served] and (judge.model_id, threshold, profile) == ("scripted", -1.0, "none")
     assert _routing.LibraryRouting(library, "minilm").judge(EngineConfig()) is None  # not an instruct model
     assert routing.judge(EngineConfig(judge_model="off")) is None
+    yes_man = ScriptedJudge(2.0, 0.5, runtime="yes-man")
+    monkeypatch.setattr(_routing, "open_judge", lambda path, **_: yes_man)
+    failed = _routing.LibraryRouting(library, "minilm", served=served)
+    assert failed.judge(EngineConfig()) is None and yes_man.closed  # it fails the check: its context is freed
+    assert failed.judge(EngineConfig()) is None and yes_man.asked == 1  # and it is not asked again
