@@ -224,7 +224,8 @@ def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, t
     assert (chosen["model"], chosen["right"], chosen["wrong"]) == (NAME, 1, 0)
     judge = Library.open(qwen_library).routing["judge"]
     assert judge["threshold"] == chosen["threshold"] and judge["prompt"] == JUDGE_PROMPT
-    with GraftEngine(qwen_library, n_threads=2) as engine:  # no judge_model: the library's
+    with GraftEngine(qwen_library, n_threads=2) as engine:  # no judge_model: the library's, not the served one
+        assert engine.routing.judge(engine.config)[1] == chosen["threshold"]
         assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "graft"
     with GraftEngine(qwen_library, n_threads=2, judge_model="off") as engine:
         assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "plain"
