@@ -27,7 +27,7 @@ import numpy as np
 from ._aliases import Alias, alias_key
 from ._config import import_callable
 from ._judge import JudgeVerdict
-from ._signature import ORDERED, Signature, python_prompt, signature
+from ._signature import ORDERED, Signature, signature
 from ._template import Entry
 
 __all__ = [
@@ -437,7 +437,7 @@ class Router:
         (docs/routing.md)."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
         guards, judge = self.guards, self.judge
-        if judge is not None and guards and python_prompt(c.entry.problem) and python_prompt(c.question):
+        if judge is not None and guards and c.problem.function_prompt and c.query.function_prompt:
             guards, judge = DEFAULT_GUARDS, None
         for name, guard in guards:
             reason = guard(c)

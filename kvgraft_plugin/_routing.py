@@ -21,7 +21,7 @@ from ._judge_check import check_judge
 from ._library import Library, source_sha256
 from ._paths import cache_root
 from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, JudgeFn, Router, load_match_check
-from ._signature import python_prompt
+from ._signature import signature
 from ._template import Entry
 
 __all__ = ["LibraryRouting"]
@@ -222,7 +222,7 @@ class LibraryRouting:
         judge (`Router._check`), so the served model is not opened and checked as one."""
         if self._function_prompts is None:
             entries = self.library.entries.values() if self.library is not None else ()
-            self._function_prompts = bool(entries) and all(python_prompt(r.entry.problem) for r in entries)
+            self._function_prompts = bool(entries) and all(signature(r.entry.problem).function_prompt for r in entries)
         return self._function_prompts
 
     def explain(self, question: str, config: EngineConfig) -> list[tuple[str, float, str | None]]:

@@ -237,6 +237,11 @@ class Signature:
     """A Python prompt's docstring examples, whitespace removed, names as placeholders."""
 
     @property
+    def function_prompt(self) -> bool:
+        """The text is a Python function prompt (`python_prompt`): its code is among ``code``."""
+        return any(literal.startswith("code:") for literal in self.code)
+
+    @property
     def number_counts(self) -> Counter[float]:
         """``numbers`` as a multiset."""
         return Counter(self.numbers)

@@ -140,7 +140,8 @@ for dom in DOMAINS:
     if set(pk) != PARA:
         errors.append(f"{dom}: paraphrase kinds missing {PARA - set(pk)}")
     print(
-        f"| {dom} | {len(lib)} | {c['paraphrase']} | {c['near-miss']} | {c['uncovered']} | {len(qs)} | {maxed['paraphrase']} / {maxed['near-miss']} |"
+        f"| {dom} | {len(lib)} | {c['paraphrase']} | {c['near-miss']} | {c['uncovered']} | {len(qs)} "
+        f"| {maxed['paraphrase']} / {maxed['near-miss']} |"
     )
     tot.update(entries=len(lib), queries=len(qs), **c)
 print(
