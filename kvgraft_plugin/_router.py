@@ -8,7 +8,8 @@ Candidates are tried best first.
 
 A guard is a function ``(Candidate) -> str | None``: ``None`` passes, a string is why it refused.
 With a judge (`kvgraft_plugin._judge`), the word guards step aside: only the structural ones
-(`JUDGED_GUARDS`: numbers and code literals, which no rewording changes) run, then the judge's verdict. The
+(`JUDGED_GUARDS`: numbers, exchanged spans, written operators and code literals, which no rewording
+changes) run, then the judge's verdict. The
 router itself needs no LLM: the judge is a function it is given.
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 from ._aliases import Alias, alias_key
 from ._config import import_callable
 from ._judge import JudgeVerdict
+from ._shape import operations, swap, tokens
 from ._signature import ORDERED, Signature, signature
 from ._template import Entry
 
@@ -189,6 +191,37 @@ def number_values_guard(c: Candidate) -> str | None:
     return None
 
 
+def swap_guard(c: Candidate) -> str | None:
+    """The question is not the entry with two like spans exchanged ("Is Spain to the west of Portugal?" for
+    "Is Portugal to the west of Spain?", "2 times the mass and 3 times the radius" for "3 ... 2"): the same
+    words in other roles ask another problem, in any language (`kvgraft_plugin._shape.swap`). It fails
+    closed on a sum written the other way round ("8 and 17" for "17 and 8"), which no held-out paraphrase
+    was; the judge let 7 of the held-out exchanges through."""
+    exchanged = swap(c.entry.problem, c.question)
+    return f"exchanges {exchanged[0]!r} and {exchanged[1]!r}" if exchanged is not None else None
+
+
+#: Operators whose operands cannot trade places: "20^2" is not "2 to the power of 20".
+_ORDERED_OPERATORS = frozenset("-/^")
+
+
+def operators_guard(c: Candidate) -> str | None:
+    """The arithmetic operators written between numbers match, in any order ("5x + 7 = 3x + 9" is not
+    "5x - 7 = 3x + 9"), when both texts write some; when only one does, the other names the operands of its
+    ``-``, ``/`` and ``^`` in the same order ("2 to the power of 20" is not "20^2")."""
+    query, entry = operations(c.question), operations(c.entry.problem)
+    if query and entry:
+        written, theirs = sorted(op for _, op, _ in query), sorted(op for _, op, _ in entry)
+        return None if written == theirs else f"operators {' '.join(written)} instead of {' '.join(theirs)}"
+    for ops, other in ((query, c.entry.problem), (entry, c.question)):
+        words = tokens(other)
+        for left, op, right in ops:
+            if op in _ORDERED_OPERATORS and left != right and left in words and right in words:
+                if words.index(right) < words.index(left):
+                    return f"{left}{op}{right} with its operands the other way round"
+    return None
+
+
 #: A number, then the word after it (any script): "8 cm", "2 мА".
 _BOUND = re.compile(r"(?<![A-Za-z0-9_.,])(\d+(?:[.,]\d+)*)\s*([^\W\d_]+)")
 #: Unit prefixes (Latin and Cyrillic): "cm" is "m" with one, "мА" is "А" with one.
@@ -281,6 +314,8 @@ DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
     ("negation", negation_guard),
     ("numbers", numbers_guard),
     ("prefix", prefix_guard),
+    ("swap", swap_guard),
+    ("operators", operators_guard),
     ("code", code_guard),
     ("terms", terms_guard),
     ("units", units_guard),
@@ -293,6 +328,8 @@ DEFAULT_GUARDS: tuple[tuple[str, Guard], ...] = (
 JUDGED_GUARDS: tuple[tuple[str, Guard], ...] = (
     ("numbers", number_values_guard),
     ("prefix", prefix_guard),
+    ("swap", swap_guard),
+    ("operators", operators_guard),
     ("code", code_guard),
 )
 

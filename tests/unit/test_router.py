@@ -15,9 +15,11 @@ from kvgraft_plugin._router import (
     code_guard,
     negation_guard,
     numbers_guard,
+    operators_guard,
     prefix_guard,
     relations_guard,
     script_guard,
+    swap_guard,
     terms_guard,
     units_guard,
 )
@@ -162,6 +164,45 @@ GUARD_CASES = {
                 "A farmer has 3 crates of 24 apples and sells 29 crates. How many apples are left?",
                 "A farmer has 3 crates of 24 apples and sells 29 apples. How many apples are left?",
             )
+        ],
+    ),
+    swap_guard: (
+        [
+            ("Is Lyon to the south of Paris?", "Is Lyon to the south of Paris?"),
+            ("By area, which is the largest lake in Africa?", "Which is the largest lake in Africa by area?"),
+            ("Von 90 sind 30 wie viel Prozent?", "Wie viel Prozent sind 30 von 90?"),  # a number moved, not swapped
+            ("Is Paris to the north of Lyon?", "Is Lyon to the south of Paris?"),
+        ],
+        [
+            ("Is Paris to the south of Lyon?", "Is Lyon to the south of Paris?"),
+            ("A box 4 cm wide and 9 cm tall: how tall is it?", "A box 9 cm wide and 4 cm tall: how tall is it?"),
+            ("丙比丁高3厘米，丁高150厘米，丙多高？", "丁比丙高3厘米，丁高150厘米，丙多高？"),
+            (
+                "花子は太郎より3歳年上で、太郎は10歳です。花子は何歳？",
+                "太郎は花子より3歳年上で、太郎は10歳です。花子は何歳？",
+            ),
+            (
+                "Noon in Oslo (UTC+1) is what time in Lima (UTC−5)?",
+                "Noon in Lima (UTC−5) is what time in Oslo (UTC+1)?",
+            ),
+            ("What is 5/8 of 40?", "What is 8/5 of 40?"),
+        ],
+    ),
+    operators_guard: (
+        [
+            ("Solve 3y + 4 = 19 for y.", "Find y when 3y + 4 = 19."),
+            ("What is 12 × 7?", "What is 12 * 7?"),
+            ("Compute 2^10.", "What is 2 to the power of 10?"),
+            ("g = 9.8 m/s^2: how far does a stone fall in 2 s?", "How far does a stone fall in 2 s (g = 9.8 m/s²)?"),
+        ],
+        [
+            ("Solve 3y - 4 = 19 for y.", "Find y when 3y + 4 = 19."),
+            ("What is 12 + 7?", "What is 12 × 7?"),
+            ("Compute 10^2.", "What is 2 to the power of 10?"),
+            ("What is 2 to the power of 10?", "Compute 10^2."),  # either side may write it
+            ("Divide: 4 / 20.", "How much is 20 divided by 4?"),
+            # it fails closed on operands that words name the other way round: the same problem, refused
+            ("What is 100 - 37?", "What do you get when you take 37 away from 100?"),
         ],
     ),
     relations_guard: (

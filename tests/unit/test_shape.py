@@ -1,0 +1,51 @@
+"""The shape of a text: tokens in any script, exchanges of like spans, operators between numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgraft_plugin._shape import operations, swap, tokens
+
+
+def test_tokens_split_unspaced_scripts_into_characters_and_drop_punctuation():
+    assert tokens("甲比乙大5岁，乙今年10岁") == ("甲", "比", "乙", "大", "5", "岁", "乙", "今", "年", "10", "岁")
+    assert tokens("Wie viel Prozent sind 18 von 72?") == ("wie", "viel", "prozent", "sind", "18", "von", "72")
+    assert tokens("8:15 and 1,80 m") == ("8:15", "and", "1,80", "m")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "exchanged"),
+    [
+        ("Is Lyon to the south of Paris?", "Is Paris to the south of Lyon?", ("lyon", "paris")),
+        ("A call at 9:00 in Rome (UTC+1), in Quito (UTC−5)?", "A call at 9:00 in Quito (UTC−5), in Rome (UTC+1)?",
+         ("rome utc 1", "quito utc 5")),
+        ("New York to New Jersey", "New Jersey to New York", ("york", "jersey")),
+        ("What is 3/4 of 12?", "What is 4/3 of 12?", ("3", "4")),  # adjacent single tokens
+    ],
+)  # fmt: skip
+def test_swap_names_the_exchanged_spans(first, second, exchanged):
+    assert swap(first, second) == exchanged
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("Is Lyon to the south of Paris?", "Is Lyon to the south of Paris?"),  # nothing changed
+        ("What is the tallest tree in Chile by height?", "By height, what is the tallest tree in Chile?"),  # moved
+        ("Wie viel Prozent sind 18 von 72?", "Von 72 sind 18 wie viel Prozent?"),  # a number and words: unlike
+        ("Is Lyon to the south of Paris?", "Is Lyon to the north of Paris?"),  # a replacement, not an exchange
+        ("a b c d e f g h", "f g h d e a b c"),  # spans of 3 with 2 between: like, but ...
+    ],
+)
+def test_swap_is_none_without_an_exchange_of_like_spans(first, second):
+    if first.startswith("a b"):
+        assert swap(first, second) == ("a b c", "f g h")  # ... an exchange all the same
+    else:
+        assert swap(first, second) is None
+
+
+def test_operations_read_operators_between_numbers_only():
+    assert operations("Solve for x: 5x - 7 = 3x + 9.") == (("5", "-", "7"), ("7", "=", "3"), ("3", "+", "9"))
+    assert operations("17 x 23 and 17×23 and 17 * 23") == (("17", "*", "23"),) * 3
+    assert operations("What is 1,000 − 37?") == (("1,000", "-", "37"),)
+    assert operations("Take g = 10 m/s^2 at UTC−5, 21:45, a 2 : 5 ratio, H2O") == ()
