@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
 from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
-from kvgraft_plugin._judge import JudgeVerdict  # noqa: E402
+from kvgraft_plugin._judge import JudgeVerdict, pair_threshold  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
 MODES = ("words", "judge", "profile")
@@ -81,7 +81,9 @@ class RecordingJudge:
             verdict = self.judge(entry.problem, question, answer=entry.answer, threshold=float("-inf"))
             self.margins[key] = verdict.margin
             self.ms.append(verdict.ms)
-        return JudgeVerdict(self.margins[key], self.threshold, 0.0, cached=True)
+        return JudgeVerdict(
+            self.margins[key], pair_threshold(entry.problem, question, self.threshold), 0.0, cached=True
+        )
 
 
 def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: RecordingJudge | None,

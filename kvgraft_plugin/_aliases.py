@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from ._judge import JudgeVerdict
+from ._judge import JudgeVerdict, pair_threshold
 
 __all__ = ["Alias", "DeferredJudge", "alias_key", "parse_aliases"]
 
@@ -136,7 +136,8 @@ class DeferredJudge:
         """The verdict on ``entry`` (an `Entry`) for ``question`` if known, else a refusal that queues the pair."""
         margin = self.judge.known(entry.problem, question, entry.answer, self.threshold)
         if margin is not None:
-            return JudgeVerdict(margin, self.threshold, 0.0, cached=True)
+            threshold = pair_threshold(entry.problem, question, self.threshold)
+            return JudgeVerdict(margin, threshold, 0.0, cached=True, small_edit=threshold != self.threshold)
         key = (entry.id, question)
         self._pending[key] = (entry, score)
         self._pending.move_to_end(key)
@@ -161,5 +162,5 @@ class DeferredJudge:
             return None
         added = datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds")
         return Alias(
-            question, entry.id, entry_sha256(entry), verdict.margin, self.threshold, model, prompt, score, added
+            question, entry.id, entry_sha256(entry), verdict.margin, verdict.threshold, model, prompt, score, added
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
+from ._judge import CLOSE_MARGIN, pair_threshold
 
 __all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
 
@@ -76,13 +77,16 @@ def _best_range(curve: Sequence[CurvePoint]) -> tuple[int, int]:
 
 
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
-#: refusal or ``None``, judge margin or ``None`` where a guard refused first), best first.
-Judged = list[tuple[str | None, list[tuple[str, float, str | None, float | None]]]]
+#: refusal or ``None``, judge margin or ``None`` where a guard refused first, and whether the question is a
+#: small edit of the entry: `kvgraft_plugin._judge.pair_threshold`), best first.
+Candidates = list[tuple[str, float, str | None, float | None, bool]]
+Judged = list[tuple[str | None, Candidates]]
 
 
-def _judged_outcome(candidates: Sequence[tuple[str, float, str | None, float | None]], margin: float) -> str | None:
-    for entry_id, _, refusal, judged in candidates:
-        if refusal is None and judged is not None and judged >= margin:
+def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
+    for entry_id, _, refusal, judged, small_edit in candidates:
+        needed = max(margin, CLOSE_MARGIN) if small_edit else margin
+        if refusal is None and judged is not None and judged >= needed:
             return entry_id
     return None
 
@@ -102,7 +106,7 @@ def calibrate_judge(
     Every candidate above the library's similarity threshold that passes the guards of ``profile`` is judged
     once; the chosen margin grafts the fewest queries wrongly and, among those, the most covered ones right,
     halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
-    choice)."""
+    choice). A question that is a small edit of a candidate needs `CLOSE_MARGIN` at least, as when routing."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
@@ -118,16 +122,16 @@ def calibrate_judge(
             for entry_id, score, refusal in router.explain(q["question"]):
                 if score < threshold:
                     break
-                margin = None
+                margin, entry = None, library.entries[entry_id].entry
                 if refusal is None:
-                    entry = library.entries[entry_id].entry
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
-                cands.append((entry_id, score, refusal, margin))
+                small_edit = pair_threshold(entry.problem, q["question"], float("-inf")) > float("-inf")
+                cands.append((entry_id, score, refusal, margin, small_edit))
             out.append((q.get("expect_entry"), cands))
         return out
 
     judged = engine.run_exclusive(lambda _: explain_all())
-    margins = sorted({m for _, cands in judged for *_, m in cands if m is not None and m != float("-inf")})
+    margins = sorted({m for _, cands in judged for *_, m, _ in cands if m is not None and m != float("-inf")})
     cuts = [m - 0.01 for m in margins] + [margins[-1] + 0.01] if margins else [0.0]
     curve = [_judge_point(judged, cut) for cut in cuts]
     first, last = _best_range(curve)

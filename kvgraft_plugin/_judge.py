@@ -30,9 +30,22 @@ from ._fingerprint import make_fingerprint
 from ._judge_starts import JudgeStarts, StartStore
 from ._models import file_sha256, model_name_of, resolve_model
 from ._paths import cache_root
+from ._shape import kept
 from ._template import _SLOT, _segments
 
-__all__ = ["DEFAULT_THRESHOLD", "JUDGE_N_CTX", "JUDGE_PROMPT", "VIEWS", "Judge", "JudgeVerdict", "View", "open_judge"]
+__all__ = [
+    "CLOSE_KEPT",
+    "CLOSE_MARGIN",
+    "DEFAULT_THRESHOLD",
+    "JUDGE_N_CTX",
+    "JUDGE_PROMPT",
+    "VIEWS",
+    "Judge",
+    "JudgeVerdict",
+    "View",
+    "open_judge",
+    "pair_threshold",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +54,24 @@ JUDGE_PROMPT = "same-problem-v2"
 
 #: The margin threshold of a judge no library calibrated (chosen on examples/judge-dev; see docs/routing.md).
 DEFAULT_THRESHOLD = -1.0
+
+#: A question that keeps this share of an entry's words, in order, without being the same text, is a small
+#: edit of it, and needs a margin of at least `CLOSE_MARGIN`: a clear Yes. The judge overlooks small edits
+#: ("highest" for "lowest", "not including" for "including", "CO" for "CO2"): on the tuning sets, at -1.0,
+#: most near-misses it let through kept over 70% of the entry's words, and no paraphrase it grafted did
+#: (docs/routing.md). Chosen on examples/edits-dev and the domains sets; examples/edits is held out.
+CLOSE_KEPT = 0.7
+CLOSE_MARGIN = 0.0
+
+
+def pair_threshold(problem: str, question: str, threshold: float) -> float:
+    """The margin a pair needs: ``threshold``, or `CLOSE_MARGIN` if higher and the question is a small edit of
+    the problem (it keeps `CLOSE_KEPT` of its words in order and changes some)."""
+    if threshold >= CLOSE_MARGIN:
+        return threshold
+    share = kept(problem, question)
+    return CLOSE_MARGIN if CLOSE_KEPT <= share < 1.0 else threshold
+
 
 _SYSTEM = (
     "You decide whether two problems are the same problem: the same given data and the same question, so that "
@@ -156,6 +187,8 @@ class JudgeVerdict:
     """Why the model gave no margin (the pair did not fit its context); such a pair does not pass."""
     deferred: bool = False
     """Not judged yet: queued for when the engine is idle (``judge_mode="async"``, `kvgraft_plugin._aliases`)."""
+    small_edit: bool = False
+    """The question is a small edit of the entry's problem, so ``threshold`` was raised (`pair_threshold`)."""
 
     @property
     def passed(self) -> bool:
@@ -169,7 +202,8 @@ class JudgeVerdict:
             return "the judge's verdict is deferred: judged when the engine is idle (an approval becomes an alias)"
         if self.error is not None:
             return f"the judge could not read the pair: {self.error}"
-        return f"judge margin {self.margin:+.2f} {'>=' if self.passed else '<'} {self.threshold:+.2f}"
+        why = " (a small edit of the entry needs a clear Yes)" if self.small_edit else ""
+        return f"judge margin {self.margin:+.2f} {'>=' if self.passed else '<'} {self.threshold:+.2f}{why}"
 
 
 class Judge:
@@ -217,9 +251,12 @@ class Judge:
         self, problem: str, question: str, *, answer: str | None = None, threshold: float | None = None
     ) -> JudgeVerdict:
         """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem`` (and whose
-        answer is ``answer``); the pair passes at ``threshold`` (default: the judge's). The views are asked in
+        answer is ``answer``); the pair passes at ``threshold`` (default: the judge's; raised for a small edit,
+        `pair_threshold`). The views are asked in
         order until one's margin is below ``threshold``; each view of a pair is computed once (then cached)."""
-        threshold = self.threshold if threshold is None else threshold
+        asked = self.threshold if threshold is None else threshold
+        threshold = pair_threshold(problem, question, asked)
+        small_edit = threshold != asked
         key = _key(problem, answer, question)
         margins = self._cache.get(key)
         if margins is None:
@@ -233,15 +270,17 @@ class Judge:
                 margins.append(self.view_margin(len(margins), problem, question, answer))
             except ContextOverflowError as exc:
                 del self._cache[key]
-                return JudgeVerdict(float("-inf"), threshold, (time.perf_counter() - t0) * 1e3, False, str(exc))
+                ms = (time.perf_counter() - t0) * 1e3
+                return JudgeVerdict(float("-inf"), threshold, ms, False, str(exc), small_edit=small_edit)
             computed = True
         ms = (time.perf_counter() - t0) * 1e3 if computed else 0.0
-        return JudgeVerdict(min(margins), threshold, ms, cached=not computed)
+        return JudgeVerdict(min(margins), threshold, ms, cached=not computed, small_edit=small_edit)
 
     def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
-        """The margin of a pair whose verdict at ``threshold`` is known from the cache (``None``: it is not);
-        nothing is computed."""
+        """The margin of a pair whose verdict at ``threshold`` (`pair_threshold`) is known from the cache
+        (``None``: it is not); nothing is computed."""
         margins = self._cache.get(_key(problem, answer, question))
+        threshold = pair_threshold(problem, question, threshold)
         if margins and (len(margins) == len(self.views) or min(margins) < threshold):
             return min(margins)
         return None

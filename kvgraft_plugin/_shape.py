@@ -1,5 +1,5 @@
-"""The shape of a text, read without any vocabulary: script-aware tokens, two like spans exchanged, and the
-arithmetic operators written between numbers.
+"""The shape of a text, read without any vocabulary: script-aware tokens, how many of them another text keeps,
+two like spans exchanged, and the arithmetic operators written between numbers.
 
 A judge reads meaning but misses small exchanges: on the held-out domains Qwen2.5-Coder-1.5B let through
 "Is Spain to the west of Portugal?" for "Is Portugal to the west of Spain?", "甲比乙大5岁" for "乙比甲大5岁"
@@ -9,11 +9,12 @@ so the router's structural guards read them here (`kvgraft_plugin._router.swap_g
 
 from __future__ import annotations
 
+import difflib
 import re
 import unicodedata
 from functools import lru_cache
 
-__all__ = ["Operation", "Swap", "operations", "swap", "tokens"]
+__all__ = ["Operation", "Swap", "kept", "operations", "swap", "tokens"]
 
 #: A number (with its separators: "1,80", "8:15", "2.54"), a run of letters, or one other visible character.
 _TOKEN = re.compile(r"\d+(?:[.,:]\d+)*|[^\W\d_]+|[^\w\s]")
@@ -37,6 +38,13 @@ def tokens(text: str) -> tuple[str, ...]:
             continue
         out.extend(token) if token.isalpha() and _unspaced(token) else out.append(token)
     return tuple(out)
+
+
+def kept(first: str, second: str) -> float:
+    """The share of the longer text's tokens that the other keeps, in order (1.0: the same tokens)."""
+    a, b = tokens(first), tokens(second)
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks()) / max(len(a), len(b), 1)
 
 
 Swap = tuple[str, str]

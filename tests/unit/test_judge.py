@@ -11,7 +11,7 @@ import pytest
 
 from kvgraft_plugin._calibrate import _judge_point
 from kvgraft_plugin._exceptions import ConfigError, ContextOverflowError
-from kvgraft_plugin._judge import VIEWS, Judge, JudgeVerdict
+from kvgraft_plugin._judge import CLOSE_KEPT, CLOSE_MARGIN, VIEWS, Judge, JudgeVerdict, pair_threshold
 from kvgraft_plugin._judge_starts import JudgeStarts
 from kvgraft_plugin._router import (
     DEFAULT_GUARDS,
@@ -23,6 +23,7 @@ from kvgraft_plugin._router import (
     code_guard,
     numbers_guard,
 )
+from kvgraft_plugin._shape import kept
 from kvgraft_plugin._signature import signature
 from kvgraft_plugin._template import Entry
 
@@ -227,15 +228,34 @@ def test_the_judge_runs_only_on_candidates_above_the_threshold_that_pass_the_gua
 
 def test_calibration_counts_picks_at_each_margin():
     judged = [
-        ("fall", [("speed", 0.9, None, -1.0), ("fall", 0.8, None, 3.0)]),
-        (None, [("fall", 0.9, None, 1.5)]),
-        (None, [("fall", 0.9, "numbers differ", None)]),
-        ("mass", [("mass", 0.9, None, 0.5)]),
+        ("fall", [("speed", 0.9, None, -1.0, False), ("fall", 0.8, None, 3.0, False)]),
+        (None, [("fall", 0.9, None, 1.5, False)]),
+        (None, [("fall", 0.9, "numbers differ", None, False)]),
+        ("mass", [("mass", 0.9, None, 0.5, False)]),
+        (None, [("mass", 0.9, None, -0.5, True)]),  # a small edit: refused below CLOSE_MARGIN whatever the cut
     ]
     low, mid, high = _judge_point(judged, 0.0), _judge_point(judged, 2.0), _judge_point(judged, 4.0)
     assert (low.right, low.wrong, low.covered) == (2, 1, 2)
     assert (mid.right, mid.wrong) == (1, 0)
     assert (high.right, high.wrong) == (0, 0)
+    assert _judge_point(judged, -1.0).wrong == 2  # the speed pick, and not the small edit at -0.5
+
+
+def test_a_small_edit_of_the_entry_needs_a_clear_yes():
+    problem = "Table t(id, salary). Write an SQL query that returns the second highest distinct salary."
+    edited = problem.replace("highest", "lowest")
+    assert CLOSE_KEPT <= kept(problem, edited) < 1.0
+    assert pair_threshold(problem, edited, -1.0) == CLOSE_MARGIN
+    assert pair_threshold(problem, edited, 1.5) == 1.5  # a higher threshold stands
+    assert pair_threshold(problem, problem, -1.0) == -1.0  # the same text changes nothing
+    assert pair_threshold(problem, "Find the 2nd largest distinct salary in t.", -1.0) == -1.0  # a rewording
+    judge = Judge(FakeBackend(), threshold=-100.0)
+    problem, edited = "Is 9 an odd number?", "Is 9 an even number?"
+    verdict = judge(problem, edited)  # the fake margin is -8: above the judge's threshold, below CLOSE_MARGIN
+    assert verdict.small_edit and verdict.threshold == CLOSE_MARGIN and verdict.margin == -8.0
+    assert not verdict.passed and "a small edit of the entry needs a clear Yes" in verdict.reason
+    assert judge.known(problem, edited, None, -100.0) == verdict.margin  # known at the raised threshold
+    assert not judge(*PLAIN[:2], answer=PLAIN[2]).small_edit
 
 
 @pytest.mark.parametrize(
