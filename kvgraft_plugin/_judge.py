@@ -252,8 +252,8 @@ class Judge:
     ) -> JudgeVerdict:
         """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem`` (and whose
         answer is ``answer``); the pair passes at ``threshold`` (default: the judge's; raised for a small edit,
-        `pair_threshold`). The views are asked in
-        order until one's margin is below ``threshold``; each view of a pair is computed once (then cached)."""
+        `pair_threshold`). The views are asked in order until one's margin is below ``threshold``; each view
+        of a pair is computed once (then cached)."""
         asked = self.threshold if threshold is None else threshold
         threshold = pair_threshold(problem, question, asked)
         small_edit = threshold != asked

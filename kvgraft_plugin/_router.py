@@ -9,8 +9,7 @@ Candidates are tried best first.
 A guard is a function ``(Candidate) -> str | None``: ``None`` passes, a string is why it refused.
 With a judge (`kvgraft_plugin._judge`), the word guards step aside: only the structural ones
 (`JUDGED_GUARDS`: numbers, exchanged spans, written operators and code literals, which no rewording
-changes) run, then the judge's verdict. The
-router itself needs no LLM: the judge is a function it is given.
+changes) run, then the judge's verdict. The router itself needs no LLM: the judge is a function it is given.
 """
 
 from __future__ import annotations
@@ -194,9 +193,9 @@ def number_values_guard(c: Candidate) -> str | None:
 def swap_guard(c: Candidate) -> str | None:
     """The question is not the entry with two like spans exchanged ("Is Spain to the west of Portugal?" for
     "Is Portugal to the west of Spain?", "2 times the mass and 3 times the radius" for "3 ... 2"): the same
-    words in other roles ask another problem, in any language (`kvgraft_plugin._shape.swap`). It fails
-    closed on a sum written the other way round ("8 and 17" for "17 and 8"), which no held-out paraphrase
-    was; the judge let 7 of the held-out exchanges through."""
+    words in other roles ask another problem, in any language (`kvgraft_plugin._shape.swap`). The judge let
+    6 such exchanges of the domains sets through. Two numbers around one word ("23 plus 17" for "17 plus
+    23") are no exchange here: whether the operation commutes is for the numbers guard or the judge."""
     exchanged = swap(c.entry.problem, c.question)
     return f"exchanges {exchanged[0]!r} and {exchanged[1]!r}" if exchanged is not None else None
 
