@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from kvgraft_plugin._router import DEFAULT_GUARDS
 from kvgraft_plugin.cli import main
 
 JSON_KEYS = {
@@ -71,18 +72,8 @@ def test_ask_json_contract(cli_library):
     assert out["text"] == "391" and out["restored_tokens"] > 0 and out["ttft_ms"] > 0
     assert out["decode"] == "lookup" and out["decode_ms"] > 0 and 0 <= out["accepted_tokens"] <= out["drafted_tokens"]
     assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
-    assert [v["guard"] for v in out["match"]] == [
-        "threshold",
-        "script",
-        "negation",
-        "numbers",
-        "prefix",
-        "code",
-        "terms",
-        "units",
-        "relations",
-        "asked",
-    ]
+    assert [v["guard"] for v in out["match"]] == ["threshold", *(name for name, _ in DEFAULT_GUARDS)]
+    assert [v["guard"] for v in out["match"][5:7]] == ["swap", "operators"]  # the shape guards, after "prefix"
     assert all(v["passed"] and v["entry_id"] == "mul" for v in out["match"])
 
 
