@@ -21,6 +21,7 @@ def test_tokens_split_unspaced_scripts_into_characters_and_drop_punctuation():
          ("rome utc 1", "quito utc 5")),
         ("New York to New Jersey", "New Jersey to New York", ("york", "jersey")),
         ("What is 3/4 of 12?", "What is 4/3 of 12?", ("3", "4")),  # adjacent single tokens
+        ("What is 5 - 8?", "What is 8 - 5?", ("5", "8")),  # "-" does not commute
     ],
 )  # fmt: skip
 def test_swap_names_the_exchanged_spans(first, second, exchanged):
@@ -34,14 +35,13 @@ def test_swap_names_the_exchanged_spans(first, second, exchanged):
         ("What is the tallest tree in Chile by height?", "By height, what is the tallest tree in Chile?"),  # moved
         ("Wie viel Prozent sind 18 von 72?", "Von 72 sind 18 wie viel Prozent?"),  # a number and words: unlike
         ("Is Lyon to the south of Paris?", "Is Lyon to the north of Paris?"),  # a replacement, not an exchange
-        ("a b c d e f g h", "f g h d e a b c"),  # spans of 3 with 2 between: like, but ...
+        ("What is 17 plus 23?", "What is 23 plus 17?"),  # two numbers around one word: for the numbers guard
+        ("What is 5 + 8?", "What is 8 + 5?"),  # around a written "+"
+        ("one two three four five and six", "six and one two three four five"),  # a span of 5: a moved clause
     ],
 )
 def test_swap_is_none_without_an_exchange_of_like_spans(first, second):
-    if first.startswith("a b"):
-        assert swap(first, second) == ("a b c", "f g h")  # ... an exchange all the same
-    else:
-        assert swap(first, second) is None
+    assert swap(first, second) is None
 
 
 def test_operations_read_operators_between_numbers_only():
