@@ -66,7 +66,8 @@ def swap(first: str, second: str) -> Swap | None:
 
     Two numbers around one word or a written ``+`` or ``*`` ("23 plus 17" for "17 plus 23", "8 + 5" for
     "5 + 8") are not an exchange here: whether that word's operation commutes is a matter of words, which
-    the numbers guard (operation words) or the judge reads."""
+    the numbers guard (operation words) or the judge reads. Unless the word follows both numbers: that is a
+    list of quantities ("1,75 m, 1,62 m" for "1,62 m, 1,75 m"), whose values changed places."""
     a, b = tokens(first), tokens(second)
     if len(a) != len(b) or a == b:
         return None
@@ -77,7 +78,8 @@ def swap(first: str, second: str) -> Swap | None:
         for hi in range(end, min(end + MAX_SPAN, len(a)) + 1):
             found = _exchange(a[lo:hi], b[lo:hi])
             if found is not None:
-                return None if _operands(found, first, second) else found[:2]
+                listed = hi < len(a) and found[2] == 1 and a[hi] == a[lo + 1]
+                return None if _operands(found, first, second) and not listed else found[:2]
     return None
 
 

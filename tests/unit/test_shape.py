@@ -22,6 +22,8 @@ def test_tokens_split_unspaced_scripts_into_characters_and_drop_punctuation():
         ("New York to New Jersey", "New Jersey to New York", ("york", "jersey")),
         ("What is 3/4 of 12?", "What is 4/3 of 12?", ("3", "4")),  # adjacent single tokens
         ("What is 5 - 8?", "What is 8 - 5?", ("5", "8")),  # "-" does not commute
+        ("Ana, Bo and Cy are 1,62 m, 1,75 m and 1,58 m tall.", "Ana, Bo and Cy are 1,75 m, 1,62 m and 1,58 m tall.",
+         ("1,62", "1,75")),  # a list of quantities: the word between follows both numbers
     ],
 )  # fmt: skip
 def test_swap_names_the_exchanged_spans(first, second, exchanged):
