@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from ._judge import JudgeVerdict, pair_threshold
+from ._judge import JudgeVerdict, clear_yes, pair_threshold
 
 __all__ = ["Alias", "DeferredJudge", "alias_key", "parse_aliases"]
 
@@ -137,7 +137,8 @@ class DeferredJudge:
         margin = self.judge.known(entry.problem, question, entry.answer, self.threshold)
         if margin is not None:
             threshold = pair_threshold(entry.problem, question, self.threshold)
-            return JudgeVerdict(margin, threshold, 0.0, cached=True, small_edit=threshold != self.threshold)
+            why = clear_yes(entry.problem, question) if threshold != self.threshold else None
+            return JudgeVerdict(margin, threshold, 0.0, cached=True, clear_yes=why)
         key = (entry.id, question)
         self._pending[key] = (entry, score)
         self._pending.move_to_end(key)

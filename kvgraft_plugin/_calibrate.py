@@ -14,7 +14,7 @@ from typing import Any
 
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
-from ._judge import CLOSE_MARGIN, pair_threshold
+from ._judge import CLOSE_MARGIN, clear_yes
 
 __all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
 
@@ -77,15 +77,15 @@ def _best_range(curve: Sequence[CurvePoint]) -> tuple[int, int]:
 
 
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
-#: refusal or ``None``, judge margin or ``None`` where a guard refused first, and whether the question is a
-#: small edit of the entry: `kvgraft_plugin._judge.pair_threshold`), best first.
+#: refusal or ``None``, judge margin or ``None`` where a guard refused first, and whether the pair needs a
+#: clear Yes: `kvgraft_plugin._judge.clear_yes`), best first.
 Candidates = list[tuple[str, float, str | None, float | None, bool]]
 Judged = list[tuple[str | None, Candidates]]
 
 
 def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
-    for entry_id, _, refusal, judged, small_edit in candidates:
-        needed = max(margin, CLOSE_MARGIN) if small_edit else margin
+    for entry_id, _, refusal, judged, clear in candidates:
+        needed = max(margin, CLOSE_MARGIN) if clear else margin
         if refusal is None and judged is not None and judged >= needed:
             return entry_id
     return None
@@ -106,7 +106,8 @@ def calibrate_judge(
     Every candidate above the library's similarity threshold that passes the guards of ``profile`` is judged
     once; the chosen margin grafts the fewest queries wrongly and, among those, the most covered ones right,
     halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
-    choice). A question that is a small edit of a candidate needs `CLOSE_MARGIN` at least, as when routing."""
+    choice). A pair that needs a clear Yes (`kvgraft_plugin._judge.clear_yes`) needs `CLOSE_MARGIN` at least,
+    as when routing."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
@@ -125,8 +126,8 @@ def calibrate_judge(
                 margin, entry = None, library.entries[entry_id].entry
                 if refusal is None:
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
-                small_edit = pair_threshold(entry.problem, q["question"], float("-inf")) > float("-inf")
-                cands.append((entry_id, score, refusal, margin, small_edit))
+                clear = clear_yes(entry.problem, q["question"]) is not None
+                cands.append((entry_id, score, refusal, margin, clear))
             out.append((q.get("expect_entry"), cands))
         return out
 

@@ -31,9 +31,11 @@ from ._judge_starts import JudgeStarts, StartStore
 from ._models import file_sha256, model_name_of, resolve_model
 from ._paths import cache_root
 from ._shape import kept
+from ._signature import unpaired_numbers
 from ._template import _SLOT, _segments
 
 __all__ = [
+    "CLEAR_YES_RULES",
     "CLOSE_KEPT",
     "CLOSE_MARGIN",
     "DEFAULT_THRESHOLD",
@@ -62,15 +64,29 @@ DEFAULT_THRESHOLD = -1.0
 #: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing.md).
 CLOSE_KEPT = 0.7
 CLOSE_MARGIN = 0.0
+#: What needs a clear Yes (`clear_yes`), for the keys of cached verdicts that depend on it.
+CLEAR_YES_RULES = ("small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers")
+
+
+def clear_yes(problem: str, question: str) -> str | None:
+    """Why ``question`` needs a clear Yes (`CLOSE_MARGIN`) against an entry whose problem is ``problem``, or
+    ``None``: it is a small edit of the problem (it keeps `CLOSE_KEPT` of its tokens in order and changes
+    some), or it adds numbers to the problem's or leaves some out (`unpaired_numbers`; one replaced is
+    refused before the judge). The judge overlooks both: on the tuning sets, at -1.0, one-sided numbers let
+    8 of 102 near-misses through, and at 0 one (docs/routing.md)."""
+    if CLOSE_KEPT <= kept(problem, question) < 1.0:
+        return "a small edit of the entry"
+    if any(unpaired_numbers(problem, question)):
+        return "a question whose numbers do not pair with the entry's"
+    return None
 
 
 def pair_threshold(problem: str, question: str, threshold: float) -> float:
-    """The margin a pair needs: ``threshold``, or `CLOSE_MARGIN` if higher and the question is a small edit of
-    the problem (it keeps `CLOSE_KEPT` of its words in order and changes some)."""
-    if threshold >= CLOSE_MARGIN:
+    """The margin a pair needs: ``threshold``, or `CLOSE_MARGIN` if that is higher and the pair needs a clear
+    Yes (`clear_yes`)."""
+    if threshold >= CLOSE_MARGIN or clear_yes(problem, question) is None:
         return threshold
-    share = kept(problem, question)
-    return CLOSE_MARGIN if CLOSE_KEPT <= share < 1.0 else threshold
+    return CLOSE_MARGIN
 
 
 _SYSTEM = (
@@ -187,8 +203,8 @@ class JudgeVerdict:
     """Why the model gave no margin (the pair did not fit its context); such a pair does not pass."""
     deferred: bool = False
     """Not judged yet: queued for when the engine is idle (``judge_mode="async"``, `kvgraft_plugin._aliases`)."""
-    small_edit: bool = False
-    """The question is a small edit of the entry's problem, so ``threshold`` was raised (`pair_threshold`)."""
+    clear_yes: str | None = None
+    """Why ``threshold`` was raised to a clear Yes (`clear_yes`), or ``None``."""
 
     @property
     def passed(self) -> bool:
@@ -202,7 +218,7 @@ class JudgeVerdict:
             return "the judge's verdict is deferred: judged when the engine is idle (an approval becomes an alias)"
         if self.error is not None:
             return f"the judge could not read the pair: {self.error}"
-        why = " (a small edit of the entry needs a clear Yes)" if self.small_edit else ""
+        why = f" ({self.clear_yes} needs a clear Yes)" if self.clear_yes else ""
         return f"judge margin {self.margin:+.2f} {'>=' if self.passed else '<'} {self.threshold:+.2f}{why}"
 
 
@@ -251,12 +267,12 @@ class Judge:
         self, problem: str, question: str, *, answer: str | None = None, threshold: float | None = None
     ) -> JudgeVerdict:
         """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem`` (and whose
-        answer is ``answer``); the pair passes at ``threshold`` (default: the judge's; raised for a small edit,
-        `pair_threshold`). The views are asked in order until one's margin is below ``threshold``; each view
-        of a pair is computed once (then cached)."""
+        answer is ``answer``); the pair passes at ``threshold`` (default: the judge's; raised where the pair
+        needs a clear Yes, `pair_threshold`). The views are asked in order until one's margin is below
+        ``threshold``; each view of a pair is computed once (then cached)."""
         asked = self.threshold if threshold is None else threshold
         threshold = pair_threshold(problem, question, asked)
-        small_edit = threshold != asked
+        why = clear_yes(problem, question) if threshold != asked else None
         key = _key(problem, answer, question)
         margins = self._cache.get(key)
         if margins is None:
@@ -271,10 +287,10 @@ class Judge:
             except ContextOverflowError as exc:
                 del self._cache[key]
                 ms = (time.perf_counter() - t0) * 1e3
-                return JudgeVerdict(float("-inf"), threshold, ms, False, str(exc), small_edit=small_edit)
+                return JudgeVerdict(float("-inf"), threshold, ms, False, str(exc), clear_yes=why)
             computed = True
         ms = (time.perf_counter() - t0) * 1e3 if computed else 0.0
-        return JudgeVerdict(min(margins), threshold, ms, cached=not computed, small_edit=small_edit)
+        return JudgeVerdict(min(margins), threshold, ms, cached=not computed, clear_yes=why)
 
     def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
         """The margin of a pair whose verdict at ``threshold`` (`pair_threshold`) is known from the cache

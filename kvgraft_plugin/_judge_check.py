@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._judge import CLOSE_KEPT, CLOSE_MARGIN, JUDGE_PROMPT, Judge
+from ._judge import CLEAR_YES_RULES, JUDGE_PROMPT, Judge
 from ._state import atomic_write
 
 __all__ = ["CHECK_PAIRS", "JudgeCheck", "check_judge"]
@@ -157,7 +157,7 @@ def check_judge(judge: Judge, threshold: float, folder: Path | None = None) -> J
 
 
 def _key(fingerprint: Mapping[str, Any], threshold: float) -> str:
-    """The check's file name: what decides its verdict (runtime, prompt, small-edit rule, pairs, threshold)."""
-    rule = [JUDGE_PROMPT, CLOSE_KEPT, CLOSE_MARGIN]
+    """The check's file name: what decides its verdict (runtime, prompt, clear-Yes rules, pairs, threshold)."""
+    rule = [JUDGE_PROMPT, *CLEAR_YES_RULES]
     key = json.dumps([dict(fingerprint), rule, CHECK_PAIRS, threshold], sort_keys=True, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:32]

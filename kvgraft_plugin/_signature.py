@@ -35,7 +35,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-__all__ = ["KEY_TERMS", "ORDERED", "PythonPrompt", "Signature", "python_prompt", "renamed_like", "signature"]
+__all__ = [
+    "IMPLIED_NUMBERS",
+    "KEY_TERMS",
+    "ORDERED",
+    "PythonPrompt",
+    "Signature",
+    "python_prompt",
+    "renamed_like",
+    "signature",
+    "unpaired_numbers",
+]
 
 # Phrases mapped to one canonical term, applied in order to lower-cased text (longest phrases first).
 _PHRASES: tuple[tuple[str, str], ...] = (
@@ -245,6 +255,18 @@ class Signature:
     def number_counts(self) -> Counter[float]:
         """``numbers`` as a multiset."""
         return Counter(self.numbers)
+
+
+#: Numbers a question may leave out of an entry's without changing the problem ("from 1 to 100" ~ "up to 100").
+IMPLIED_NUMBERS = frozenset({0.0, 1.0})
+
+
+def unpaired_numbers(problem: str, question: str) -> tuple[Counter[float], Counter[float]]:
+    """The numbers ``question`` has that ``problem`` lacks, and those of ``problem`` it lacks (but for
+    `IMPLIED_NUMBERS`), each value as often as it is unpaired, however written."""
+    asked, given = signature(question).number_counts, signature(problem).number_counts
+    missing = Counter({n: k for n, k in (given - asked).items() if n not in IMPLIED_NUMBERS})
+    return asked - given, missing
 
 
 def _code_literals(text: str) -> list[str]:

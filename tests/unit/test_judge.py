@@ -11,7 +11,7 @@ import pytest
 
 from kvgraft_plugin._calibrate import _judge_point
 from kvgraft_plugin._exceptions import ConfigError, ContextOverflowError
-from kvgraft_plugin._judge import CLOSE_KEPT, CLOSE_MARGIN, VIEWS, Judge, JudgeVerdict, pair_threshold
+from kvgraft_plugin._judge import CLOSE_KEPT, CLOSE_MARGIN, VIEWS, Judge, JudgeVerdict, clear_yes, pair_threshold
 from kvgraft_plugin._judge_starts import JudgeStarts
 from kvgraft_plugin._router import (
     DEFAULT_GUARDS,
@@ -22,6 +22,7 @@ from kvgraft_plugin._router import (
     Router,
     code_guard,
     numbers_guard,
+    replaced_numbers_guard,
 )
 from kvgraft_plugin._shape import kept
 from kvgraft_plugin._signature import signature
@@ -252,10 +253,32 @@ def test_a_small_edit_of_the_entry_needs_a_clear_yes():
     judge = Judge(FakeBackend(), threshold=-100.0)
     problem, edited = "Is 9 an odd number?", "Is 9 an even number?"
     verdict = judge(problem, edited)  # the fake margin is -8: above the judge's threshold, below CLOSE_MARGIN
-    assert verdict.small_edit and verdict.threshold == CLOSE_MARGIN and verdict.margin == -8.0
+    assert verdict.clear_yes == "a small edit of the entry" and verdict.threshold == CLOSE_MARGIN
+    assert verdict.margin == -8.0
     assert not verdict.passed and "a small edit of the entry needs a clear Yes" in verdict.reason
     assert judge.known(problem, edited, None, -100.0) == verdict.margin  # known at the raised threshold
-    assert not judge(*PLAIN[:2], answer=PLAIN[2]).small_edit
+    assert judge(*PLAIN[:2], answer=PLAIN[2]).clear_yes is None
+
+
+@pytest.mark.parametrize(
+    ("problem", "question", "refused", "clear"),
+    [
+        ("A box holds 6 eggs. How many eggs are in 4 boxes?", "How many eggs are in 4 boxes of 6 eggs each?",
+         False, False),  # every number paired
+        ("In what year did World War II end?", "What year marked the end of the Second World War?",
+         False, True),  # 2 added
+        ("Тетрадь стоит 45 рублей. Сколько стоят 6 тетрадей?", "Тетрадь стоит 45 рублей. Сколько стоят шесть?",
+         False, True),  # a number the parser does not read: left out
+        ("A box holds 6 eggs. How many eggs are in 4 boxes?", "A box holds 6 eggs. How many eggs are in 5 boxes?",
+         True, True),  # one replaced: refused before the judge
+    ],
+)  # fmt: skip
+def test_numbers_that_do_not_pair_are_the_judges_to_read_with_a_clear_yes(problem, question, refused, clear):
+    c = Candidate(question, Entry("e", problem, "s"), 0.9, None)
+    assert (replaced_numbers_guard(c) is not None) is refused
+    assert (numbers_guard(c) is not None) is clear  # without a judge, every unpaired number is refused
+    assert (clear_yes(problem, question) is not None) is clear
+    assert pair_threshold(problem, question, -1.0) == (CLOSE_MARGIN if clear else -1.0)
 
 
 @pytest.mark.parametrize(
