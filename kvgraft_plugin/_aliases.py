@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from ._judge import JudgeVerdict, clear_yes, pair_threshold
+from ._judge import JudgeVerdict, pair_bar
 
 __all__ = ["Alias", "DeferredJudge", "alias_key", "parse_aliases"]
 
@@ -136,8 +136,7 @@ class DeferredJudge:
         """The verdict on ``entry`` (an `Entry`) for ``question`` if known, else a refusal that queues the pair."""
         margin = self.judge.known(entry.problem, question, entry.answer, self.threshold)
         if margin is not None:
-            threshold = pair_threshold(entry.problem, question, self.threshold)
-            why = clear_yes(entry.problem, question) if threshold != self.threshold else None
+            threshold, why = pair_bar(entry.problem, question, self.threshold)
             return JudgeVerdict(margin, threshold, 0.0, cached=True, clear_yes=why)
         key = (entry.id, question)
         self._pending[key] = (entry, score)

@@ -45,7 +45,9 @@ __all__ = [
     "Judge",
     "JudgeVerdict",
     "View",
+    "clear_yes",
     "open_judge",
+    "pair_bar",
     "pair_threshold",
 ]
 
@@ -81,12 +83,16 @@ def clear_yes(problem: str, question: str) -> str | None:
     return None
 
 
+def pair_bar(problem: str, question: str, threshold: float) -> tuple[float, str | None]:
+    """The margin a pair needs and why it was raised: ``(threshold, None)``, or `CLOSE_MARGIN` and the
+    reason when that is higher and the pair needs a clear Yes (`clear_yes`)."""
+    why = clear_yes(problem, question) if threshold < CLOSE_MARGIN else None
+    return (CLOSE_MARGIN, why) if why is not None else (threshold, None)
+
+
 def pair_threshold(problem: str, question: str, threshold: float) -> float:
-    """The margin a pair needs: ``threshold``, or `CLOSE_MARGIN` if that is higher and the pair needs a clear
-    Yes (`clear_yes`)."""
-    if threshold >= CLOSE_MARGIN or clear_yes(problem, question) is None:
-        return threshold
-    return CLOSE_MARGIN
+    """The margin a pair needs (`pair_bar`)."""
+    return pair_bar(problem, question, threshold)[0]
 
 
 _SYSTEM = (
@@ -271,8 +277,7 @@ class Judge:
         needs a clear Yes, `pair_threshold`). The views are asked in order until one's margin is below
         ``threshold``; each view of a pair is computed once (then cached)."""
         asked = self.threshold if threshold is None else threshold
-        threshold = pair_threshold(problem, question, asked)
-        why = clear_yes(problem, question) if threshold != asked else None
+        threshold, why = pair_bar(problem, question, asked)
         key = _key(problem, answer, question)
         margins = self._cache.get(key)
         if margins is None:

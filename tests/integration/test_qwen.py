@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
 from kvgraft_plugin._checks import library_tests_checker
-from kvgraft_plugin._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, VIEWS, open_judge
+from kvgraft_plugin._judge import CLOSE_MARGIN, DEFAULT_THRESHOLD, JUDGE_PROMPT, VIEWS, open_judge
 from kvgraft_plugin._judge_check import check_judge
 from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
 from kvgraft_plugin._paths import cache_root
@@ -185,6 +185,21 @@ def test_the_judge_decides_what_the_word_guards_refuse(qwen):
     # each (entry, question) pair is judged once
     again = qwen.ask(BOIL_REWORDED, max_tokens=40)
     assert again.text == graft.text and again.phases_ms.get("judge", 0.0) == 0.0
+
+
+def test_numbers_the_parser_cannot_pair_reach_the_real_judge_which_needs_a_clear_yes(qwen):
+    judge = qwen.routing.judge(qwen.config)[0]
+    # "the Second World War" reads as a 2 the entry lacks: the pair reaches the judge, which approves it clearly
+    verdict = judge("In which year did World War II end?", "What year marked the conclusion of the Second World War?",
+                    answer="1945", threshold=DEFAULT_THRESHOLD)  # fmt: skip
+    assert verdict.passed and verdict.threshold == CLOSE_MARGIN, verdict.reason
+    assert "numbers do not pair with the entry's needs a clear Yes" in verdict.reason
+    # another asked quantity with a number added ("counting 1 January as day 1"): above -1.0 (measured -0.86),
+    # refused at the clear Yes
+    near = judge("What day of the week was 14 July 2023?",
+                 "What day of the year (counting 1 January as day 1) was 14 July 2023?",
+                 answer="Friday", threshold=DEFAULT_THRESHOLD)  # fmt: skip
+    assert not near.passed and DEFAULT_THRESHOLD <= near.margin < CLOSE_MARGIN, near.reason
 
 
 def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(qwen):
