@@ -106,6 +106,7 @@ def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: Reco
         )
 
     routers = {mode: router(mode) for mode in (modes if judge is not None else ("words",))}
+    routers.setdefault("words", router("words"))
     rows = []
     for path in queries:
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -255,7 +256,7 @@ def main() -> None:
         if recording is not None:
             recording.threshold = t
         results[str(t)] = {
-            name: route_set(embedder, src, qs, recording, args.floor) for name, src, qs in sets(args.sets)
+            name: route_set(embedder, src, qs, recording, args.floor, modes) for name, src, qs in sets(args.sets)
         }
         if args.margins is not None and margins:
             args.margins.write_text(json.dumps(margins, ensure_ascii=False, indent=0))
