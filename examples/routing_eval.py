@@ -6,7 +6,7 @@ embedded with the library's embedder (MiniLM) into a flat faiss index, the simil
 
 - `words`: the default guards, no judge (what a library without a judge does);
 - `judge`: the structural guards (`JUDGED_GUARDS`) and the judge;
-- `profile`: the default guards and the judge (the word lists as a profile on top of the judge).
+- `profile`: the default guards, then the judge as a veto at `VETO_THRESHOLD` (``profile="math"``).
 
 The judge's margins are computed once per (entry, question) and saved (``--margins``), so that thresholds
 can be compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
 from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
-from kvgraft_plugin._judge import JudgeVerdict, pair_threshold  # noqa: E402
+from kvgraft_plugin._judge import VETO_THRESHOLD, JudgeVerdict, pair_threshold  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
 MODES = ("words", "judge", "profile")
@@ -74,6 +74,14 @@ class RecordingJudge:
         self.ms: list[float] = []
 
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
+        margin = self.margin(entry, question)
+        return JudgeVerdict(margin, pair_threshold(entry.problem, question, self.threshold), 0.0, cached=True)
+
+    def vetoing(self, entry: Any, question: str, score: float) -> JudgeVerdict:
+        """Behind the word guards (``profile``): a veto at ``VETO_THRESHOLD``, no clear Yes needed."""
+        return JudgeVerdict(self.margin(entry, question), VETO_THRESHOLD, 0.0, cached=True)
+
+    def margin(self, entry: Any, question: str) -> float:
         key = json.dumps([entry.problem, question], ensure_ascii=False)
         if key not in self.margins:
             if self.judge is None:
@@ -81,9 +89,7 @@ class RecordingJudge:
             verdict = self.judge(entry.problem, question, answer=entry.answer, threshold=float("-inf"))
             self.margins[key] = verdict.margin
             self.ms.append(verdict.ms)
-        return JudgeVerdict(
-            self.margins[key], pair_threshold(entry.problem, question, self.threshold), 0.0, cached=True
-        )
+        return self.margins[key]
 
 
 def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: RecordingJudge | None,
@@ -102,7 +108,7 @@ def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: Reco
             entries,
             threshold=threshold if mode == "words" or floor is None else min(threshold, floor),
             guards=JUDGED_GUARDS if mode == "judge" else DEFAULT_GUARDS,
-            judge=None if mode == "words" else judge,
+            judge=None if mode == "words" or judge is None else judge.vetoing if mode == "profile" else judge,
         )
 
     routers = {mode: router(mode) for mode in (modes if judge is not None else ("words",))}
@@ -129,11 +135,15 @@ class ReplayJudge:
     def __init__(self, recording: RecordingJudge) -> None:
         self.recording, self.seen = recording, set()
 
-    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
+    def known(
+        self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False
+    ) -> float | None:
         key = json.dumps([problem, question], ensure_ascii=False)
         return self.recording.margins[key] if key in self.seen else None
 
-    def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float) -> JudgeVerdict:
+    def __call__(
+        self, problem: str, question: str, *, answer: str | None, threshold: float, vouched: bool = False
+    ) -> JudgeVerdict:
         self.seen.add(json.dumps([problem, question], ensure_ascii=False))
         entry = type("E", (), {"problem": problem, "answer": answer})()
         return JudgeVerdict(self.recording(entry, question, 0.0).margin, threshold, 0.0, cached=False)
@@ -263,7 +273,8 @@ def main() -> None:
     elapsed = time.perf_counter() - t0
     for mode in modes if recording is not None else ("words",):
         for t in thresholds if mode != "words" else thresholds[:1]:
-            print(f"\n== {mode}" + (f", judge threshold {t:+g}" if mode != "words" else ""))
+            label = {"words": "", "judge": f", judge threshold {t:+g}", "profile": f", veto below {VETO_THRESHOLD:+g}"}
+            print(f"\n== {mode}{label[mode]}")
             print("\n".join(table(results[str(t)], mode)))
             if args.kinds:
                 print("\n".join(by_kind(results[str(t)], mode)))

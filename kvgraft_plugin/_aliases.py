@@ -103,11 +103,15 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
 class JudgeLike(Protocol):
     """What `DeferredJudge` needs of a judge (`kvgraft_plugin._judge.Judge`)."""
 
-    def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float) -> JudgeVerdict:
+    def __call__(
+        self, problem: str, question: str, *, answer: str | None, threshold: float, vouched: bool = False
+    ) -> JudgeVerdict:
         """The verdict on one pair, computed if need be."""
         ...
 
-    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
+    def known(
+        self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False
+    ) -> float | None:
         """The margin of a pair whose verdict at ``threshold`` is already known, else ``None``."""
         ...
 
@@ -119,6 +123,8 @@ class DeferredJudge:
         judge: the real judge (`kvgraft_plugin._judge.Judge`); its cache (``known``) is the memory of what was
             judged.
         threshold: the margin a pair needs.
+        vouched: the word guards passed every pair it is asked (``profile="math"``): no pair needs a clear Yes
+            (`kvgraft_plugin._judge.pair_bar`).
         capacity: pairs waiting at most; beyond it the oldest is dropped (it is queued again when asked again).
     """
 
@@ -127,16 +133,17 @@ class DeferredJudge:
         judge: JudgeLike,
         threshold: float,
         *,
+        vouched: bool = False,
         capacity: int = 256,
     ) -> None:
-        self.judge, self.threshold, self.capacity = judge, threshold, capacity
+        self.judge, self.threshold, self.vouched, self.capacity = judge, threshold, vouched, capacity
         self._pending: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
 
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         """The verdict on ``entry`` (an `Entry`) for ``question`` if known, else a refusal that queues the pair."""
-        margin = self.judge.known(entry.problem, question, entry.answer, self.threshold)
+        margin = self.judge.known(entry.problem, question, entry.answer, self.threshold, vouched=self.vouched)
         if margin is not None:
-            threshold, why = pair_bar(entry.problem, question, self.threshold)
+            threshold, why = pair_bar(entry.problem, question, self.threshold, vouched=self.vouched)
             return JudgeVerdict(margin, threshold, 0.0, cached=True, clear_yes=why)
         key = (entry.id, question)
         self._pending[key] = (entry, score)
@@ -156,7 +163,9 @@ class DeferredJudge:
         if not self._pending:
             return None
         (_, question), (entry, score) = self._pending.popitem(last=False)
-        verdict = self.judge(entry.problem, question, answer=entry.answer, threshold=self.threshold)
+        verdict = self.judge(
+            entry.problem, question, answer=entry.answer, threshold=self.threshold, vouched=self.vouched
+        )
         logger.info("deferred judgement of %r for %s: %s (%.0f ms)", question, entry.id, verdict.reason, verdict.ms)
         if not verdict.passed:
             return None

@@ -107,7 +107,7 @@ def calibrate_judge(
     once; the chosen margin grafts the fewest queries wrongly and, among those, the most covered ones right,
     halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
     choice). A pair that needs a clear Yes (`kvgraft_plugin._judge.clear_yes`) needs `CLOSE_MARGIN` at least,
-    as when routing."""
+    as when routing, unless the word guards of ``profile="math"`` passed it."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
@@ -126,7 +126,7 @@ def calibrate_judge(
                 margin, entry = None, library.entries[entry_id].entry
                 if refusal is None:
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
-                clear = clear_yes(entry.problem, q["question"]) is not None
+                clear = profile != "math" and clear_yes(entry.problem, q["question"]) is not None
                 cands.append((entry_id, score, refusal, margin, clear))
             out.append((q.get("expect_entry"), cands))
         return out

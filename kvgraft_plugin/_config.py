@@ -138,16 +138,18 @@ class EngineConfig:
     else the served model itself, when it is an instruct model that passes the judge check
     (`kvgraft_plugin._judge_check`)."""
     judge_threshold: float | None = None
-    """The judge's margin a candidate needs. ``None``: the library's calibrated one for that judge, else
-    `kvgraft_plugin._judge.DEFAULT_THRESHOLD`."""
+    """The judge's margin a candidate needs. ``None``: the library's calibrated one for that judge and
+    profile, else `kvgraft_plugin._judge.DEFAULT_THRESHOLD` (`VETO_THRESHOLD` with ``profile="math"``)."""
     judge_mode: Literal["inline", "async"] = "inline"
     """``inline``: a candidate waits for the judge's verdict (about a second on 2 cores). ``async``: a pair the
     judge has not seen is refused at once (the request goes on without it) and judged when the engine is idle;
     an approved pair becomes an alias of the entry, stored in the library, which the same question then grafts
     with no judgement (`kvgraft_plugin._aliases`)."""
     profile: Literal["none", "math"] | None = None
-    """With a judge: ``math`` also runs the English word guards (terms, units, relations, asked quantity)
-    before it. ``None``: the library's, else ``none``. Without a judge the word guards always run."""
+    """With a judge: ``math`` routes with the English word guards (terms, units, relations, asked quantity),
+    and the judge only vetoes what they pass, at `kvgraft_plugin._judge.VETO_THRESHOLD` unless a threshold is
+    set or calibrated for the profile. ``None``: the library's, else ``none``. Without a judge the word guards
+    always run."""
     neighbors: int = 4
     """How many neighbours the index returns for the router to consider."""
     max_tokens: int = 64

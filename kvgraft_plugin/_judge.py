@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "JUDGE_N_CTX",
     "JUDGE_PROMPT",
+    "VETO_THRESHOLD",
     "VIEWS",
     "Judge",
     "JudgeVerdict",
@@ -58,6 +59,11 @@ JUDGE_PROMPT = "same-problem-v2"
 
 #: The margin threshold of a judge no library calibrated (chosen on examples/judge-dev; see docs/routing.md).
 DEFAULT_THRESHOLD = -1.0
+#: The margin threshold of a judge behind the word guards (``profile="math"``): the guards decide, and the
+#: judge only vetoes a clear No. -3.0 is a round margin below the lowest margin of any paraphrase the word
+#: guards pass on the math tuning set (-2.77, "89 times 47"); at -1.0 with the clear-Yes bar the judge refused
+#: 26 of the 143 questions there that the guards route right (docs/routing.md).
+VETO_THRESHOLD = -3.0
 
 #: A question that keeps this share of an entry's words, in order, without being the same text, is a small
 #: edit of it, and needs a margin of at least `CLOSE_MARGIN`: a clear Yes. The judge overlooks small edits
@@ -83,16 +89,17 @@ def clear_yes(problem: str, question: str) -> str | None:
     return None
 
 
-def pair_bar(problem: str, question: str, threshold: float) -> tuple[float, str | None]:
+def pair_bar(problem: str, question: str, threshold: float, *, vouched: bool = False) -> tuple[float, str | None]:
     """The margin a pair needs and why it was raised: ``(threshold, None)``, or `CLOSE_MARGIN` and the
-    reason when that is higher and the pair needs a clear Yes (`clear_yes`)."""
-    why = clear_yes(problem, question) if threshold < CLOSE_MARGIN else None
+    reason when that is higher and the pair needs a clear Yes (`clear_yes`). A pair the word guards
+    ``vouched`` for (they read its small edits and numbers: ``profile="math"``) keeps ``threshold``."""
+    why = clear_yes(problem, question) if threshold < CLOSE_MARGIN and not vouched else None
     return (CLOSE_MARGIN, why) if why is not None else (threshold, None)
 
 
-def pair_threshold(problem: str, question: str, threshold: float) -> float:
+def pair_threshold(problem: str, question: str, threshold: float, *, vouched: bool = False) -> float:
     """The margin a pair needs (`pair_bar`)."""
-    return pair_bar(problem, question, threshold)[0]
+    return pair_bar(problem, question, threshold, vouched=vouched)[0]
 
 
 _SYSTEM = (
@@ -270,14 +277,20 @@ class Judge:
         self._cache_size = cache_size
 
     def __call__(
-        self, problem: str, question: str, *, answer: str | None = None, threshold: float | None = None
+        self,
+        problem: str,
+        question: str,
+        *,
+        answer: str | None = None,
+        threshold: float | None = None,
+        vouched: bool = False,
     ) -> JudgeVerdict:
         """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem`` (and whose
         answer is ``answer``); the pair passes at ``threshold`` (default: the judge's; raised where the pair
-        needs a clear Yes, `pair_threshold`). The views are asked in order until one's margin is below
-        ``threshold``; each view of a pair is computed once (then cached)."""
+        needs a clear Yes unless the word guards ``vouched`` for it, `pair_threshold`). The views are asked
+        in order until one's margin is below ``threshold``; each view of a pair is computed once (then cached)."""
         asked = self.threshold if threshold is None else threshold
-        threshold, why = pair_bar(problem, question, asked)
+        threshold, why = pair_bar(problem, question, asked, vouched=vouched)
         key = _key(problem, answer, question)
         margins = self._cache.get(key)
         if margins is None:
@@ -297,11 +310,13 @@ class Judge:
         ms = (time.perf_counter() - t0) * 1e3 if computed else 0.0
         return JudgeVerdict(min(margins), threshold, ms, cached=not computed, clear_yes=why)
 
-    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
+    def known(
+        self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False
+    ) -> float | None:
         """The margin of a pair whose verdict at ``threshold`` (`pair_threshold`) is known from the cache
         (``None``: it is not); nothing is computed."""
         margins = self._cache.get(_key(problem, answer, question))
-        threshold = pair_threshold(problem, question, threshold)
+        threshold = pair_threshold(problem, question, threshold, vouched=vouched)
         if margins and (len(margins) == len(self.views) or min(margins) < threshold):
             return min(margins)
         return None

@@ -16,7 +16,7 @@ from ._aliases import Alias, DeferredJudge
 from ._config import EngineConfig
 from ._exceptions import LibraryError, ModelError
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
-from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, Judge, JudgeVerdict, open_judge
+from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, VETO_THRESHOLD, Judge, JudgeVerdict, open_judge
 from ._judge_check import check_judge
 from ._library import Library, source_sha256
 from ._paths import cache_root
@@ -48,7 +48,7 @@ class LibraryRouting:
         self._unavailable: set[str] = set()  # the library's judges that are not on this machine (logged once)
         self._checked: dict[float, bool] = {}  # the served model's judge check, per threshold
         self._function_prompts: bool | None = None
-        self._deferred: dict[tuple[str, float], DeferredJudge] = {}
+        self._deferred: dict[tuple[str, float, bool], DeferredJudge] = {}
         self.aliases: dict[str, Alias] = _live_aliases(library)
         """The library's aliases whose entry still has the text that was judged; every router reads it."""
 
@@ -129,22 +129,23 @@ class LibraryRouting:
                 neighbors=config.neighbors,
                 guards=guards if config.guards else (),
                 match_check=load_match_check(config.match_check),
-                judge=None if judged is None else self._judge_fn(*judged[:2], config.judge_mode),
+                judge=None if judged is None else self._judge_fn(*judged[:2], config.judge_mode, judged[2] == "math"),
                 aliases=self.aliases,
             )
         return router
 
-    def _judge_fn(self, judge: Judge, threshold: float, mode: str) -> JudgeFn:
-        """What the router asks: ``judge`` itself (``inline``), or a `DeferredJudge` over it (``async``)."""
+    def _judge_fn(self, judge: Judge, threshold: float, mode: str, vouched: bool) -> JudgeFn:
+        """What the router asks: ``judge`` itself (``inline``), or a `DeferredJudge` over it (``async``);
+        ``vouched``: behind the word guards, which read small edits and numbers (no clear Yes needed)."""
         if mode == "async":
-            key = (judge.model_id, threshold)
+            key = (judge.model_id, threshold, vouched)
             deferred = self._deferred.get(key)
             if deferred is None:
-                deferred = self._deferred[key] = DeferredJudge(judge, threshold)
+                deferred = self._deferred[key] = DeferredJudge(judge, threshold, vouched=vouched)
             return deferred
 
         def inline(entry: Entry, question: str, score: float) -> JudgeVerdict:
-            return judge(entry.problem, question, answer=entry.answer, threshold=threshold)
+            return judge(entry.problem, question, answer=entry.answer, threshold=threshold, vouched=vouched)
 
         return inline
 
@@ -156,7 +157,7 @@ class LibraryRouting:
     def judge_deferred(self, key: bytes | None = None) -> Alias | None:
         """Judge one waiting pair now (on the worker); an approved one becomes an alias, routed from the next
         question on and stored in the library (signed again with ``key``; see `Library.add_aliases`)."""
-        for (model, _), deferred in self._deferred.items():
+        for (model, *_), deferred in self._deferred.items():
             if deferred.pending:
                 alias = deferred.judge_next(model=model, prompt=JUDGE_PROMPT, entry_sha256=source_sha256)
                 if alias is not None and self.library is not None:
@@ -171,7 +172,8 @@ class LibraryRouting:
         The config's ``judge_model`` wins (``"off"``: none); else the library's calibrated judge, when its
         model is on this machine (when it is not, routing keeps the word guards, which fail closed, and says
         so in the log); else the served model, when it is an instruct model that passes the judge check. The
-        threshold is the config's, else the library's for that model and prompt."""
+        threshold is the config's, else the library's for that model, prompt and profile, else the profile's:
+        `VETO_THRESHOLD` behind the word guards (``math``), `DEFAULT_THRESHOLD` alone."""
         recorded = self.library.routing.get("judge") if self.library is not None else None
         recorded = recorded if isinstance(recorded, dict) else {}
         model = config.judge_model or recorded.get("model")
@@ -190,32 +192,37 @@ class LibraryRouting:
                 logger.warning("the library's judge %s is not available (%s): routing without a judge", model, exc)
                 return None
         same = recorded.get("model") == model and recorded.get("prompt") == JUDGE_PROMPT
+        profile = config.profile or (recorded.get("profile") if same else None) or "none"
         threshold = config.judge_threshold
         if threshold is None:
-            threshold = float(recorded["threshold"]) if same and "threshold" in recorded else DEFAULT_THRESHOLD
-        profile = config.profile or (recorded.get("profile") if same else None) or "none"
+            calibrated = same and "threshold" in recorded and (recorded.get("profile") or "none") == profile
+            threshold = float(recorded["threshold"]) if calibrated else _default_threshold(profile)
         return judge, threshold, profile
 
     def _served_judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
-        """The served model as its own judge, when it is an instruct model that passes the judge check at the
-        threshold in force (checked once per model and runtime: `check_judge`)."""
+        """The served model as its own judge, when it is an instruct model that passes the judge check
+        (checked once per model and runtime: `check_judge`) at the threshold in force; behind the word guards
+        (``profile="math"``), at `DEFAULT_THRESHOLD`, since a veto's threshold lets near-misses through by
+        design."""
         if self.served is None or self._all_function_prompts():
             return None
-        threshold = DEFAULT_THRESHOLD if config.judge_threshold is None else config.judge_threshold
+        profile = config.profile or "none"
+        threshold = _default_threshold(profile) if config.judge_threshold is None else config.judge_threshold
+        checked = DEFAULT_THRESHOLD if profile == "math" else threshold
         model = str(self.served)
-        if self._checked.get(threshold) is False:
+        if self._checked.get(checked) is False:
             return None
         judge = self._judges.get(model)
         if judge is None:
             judge = self._judges[model] = open_judge(self.served, n_threads=config.llama.n_threads)
-        if threshold not in self._checked:
-            check = check_judge(judge, threshold, cache_root() / "judge")
-            self._checked[threshold] = check.passed
+        if checked not in self._checked:
+            check = check_judge(judge, checked, cache_root() / "judge")
+            self._checked[checked] = check.passed
             logger.info("%s%s", check.reason, "" if check.passed else ": routing without a judge")
             if not check.passed:
                 self._judges.pop(model).backend.close()  # its context is freed; the weights are the engine's
                 return None
-        return judge, threshold, config.profile or "none"
+        return judge, threshold, profile
 
     def _all_function_prompts(self) -> bool:
         """Every entry is a Python function prompt: the router reads those with its guards and never asks a
@@ -245,6 +252,11 @@ class LibraryRouting:
         if self.library is not None and self.library.threshold is not None:
             return float(self.library.threshold)
         return SINGLE_ENTRY_THRESHOLD
+
+
+def _default_threshold(profile: str) -> float:
+    """The judge's margin threshold where none is configured or calibrated for ``profile``."""
+    return VETO_THRESHOLD if profile == "math" else DEFAULT_THRESHOLD
 
 
 def _live_aliases(library: Library | None) -> dict[str, Alias]:

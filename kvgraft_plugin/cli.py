@@ -96,7 +96,8 @@ def routing_options(func: F) -> F:
         click.option(
             "--profile",
             type=click.Choice(["none", "math"]),
-            help="With a judge, 'math' also runs the English word guards (default: the library's, else none).",
+            help="With a judge, 'math' routes with the English word guards and lets the judge veto a clear No "
+            "(default: the library's, else none).",
         ),
         click.option(
             "--key-file",

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
 from kvgraft_plugin._checks import library_tests_checker
-from kvgraft_plugin._judge import CLOSE_MARGIN, DEFAULT_THRESHOLD, JUDGE_PROMPT, VIEWS, open_judge
+from kvgraft_plugin._judge import CLOSE_MARGIN, DEFAULT_THRESHOLD, JUDGE_PROMPT, VETO_THRESHOLD, VIEWS, open_judge
 from kvgraft_plugin._judge_check import check_judge
 from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
 from kvgraft_plugin._paths import cache_root
@@ -200,6 +200,25 @@ def test_numbers_the_parser_cannot_pair_reach_the_real_judge_which_needs_a_clear
                  "What day of the year (counting 1 January as day 1) was 14 July 2023?",
                  answer="Friday", threshold=DEFAULT_THRESHOLD)  # fmt: skip
     assert not near.passed and DEFAULT_THRESHOLD <= near.margin < CLOSE_MARGIN, near.reason
+
+
+def test_behind_the_word_guards_the_real_judge_only_vetoes_a_clear_no(qwen):
+    judge = qwen.routing.judge(qwen.config)[0]
+    lcm, swapped = "What is the least common multiple of 12 and 18?", "What is the least common multiple of 18 and 12?"
+    # alone, the judge needs a clear Yes for this small edit, and does not give one (measured -0.14)
+    alone = judge(lcm, swapped, answer="36", threshold=DEFAULT_THRESHOLD)
+    assert not alone.passed and VETO_THRESHOLD <= alone.margin < CLOSE_MARGIN, alone.reason
+    # behind the word guards, which read the exchange of two operands of a commuting operation, it is no veto
+    vouched = judge(lcm, swapped, answer="36", threshold=VETO_THRESHOLD, vouched=True)
+    assert vouched.passed and vouched.margin == alone.margin and vouched.clear_yes is None, vouched.reason
+    # through the engine: the word guards decide ("scale" is refused as without a judge, and no judge is asked),
+    # and what they pass meets the judge at the veto's threshold
+    refused = qwen.ask(BOIL_REWORDED, max_tokens=8, routing={"profile": "math"})
+    assert refused.route == "plain" and not any(v["guard"] == "judge" for v in refused.match)
+    graft = qwen.ask(BOIL.problem, max_tokens=40, routing={"profile": "math"})
+    verdicts = [v for v in graft.match if v["guard"] == "judge"]
+    assert graft.route == "graft" and [v["passed"] for v in verdicts] == [True]
+    assert f"{VETO_THRESHOLD:+.2f}" in verdicts[0]["reason"]
 
 
 def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(qwen):

@@ -39,10 +39,10 @@ class FakeJudge:
 
         self.backend = _Closed()
 
-    def known(self, problem: str, question: str, answer: str | None, threshold: float) -> float | None:
+    def known(self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False):
         return self._cache.get((problem, question))
 
-    def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float) -> JudgeVerdict:
+    def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float, vouched: bool = False):
         if (problem, question) not in self._cache:
             self.computed.append(question)
             self._cache[(problem, question)] = self.margins[question]

@@ -258,6 +258,10 @@ def test_a_small_edit_of_the_entry_needs_a_clear_yes():
     assert not verdict.passed and "a small edit of the entry needs a clear Yes" in verdict.reason
     assert judge.known(problem, edited, None, -100.0) == verdict.margin  # known at the raised threshold
     assert judge(*PLAIN[:2], answer=PLAIN[2]).clear_yes is None
+    # behind the word guards (profile math), which read small edits themselves, the threshold stands
+    assert pair_threshold(problem, edited, -1.0, vouched=True) == -1.0
+    vouched = judge(problem, edited, vouched=True)
+    assert vouched.passed and vouched.clear_yes is None and vouched.margin == verdict.margin
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from kvgraft_plugin import _routing
 from kvgraft_plugin._config import EngineConfig
-from kvgraft_plugin._judge import JudgeVerdict
+from kvgraft_plugin._judge import JUDGE_PROMPT, VETO_THRESHOLD, JudgeVerdict
 from kvgraft_plugin._judge_check import CHECK_PAIRS, check_judge
 from kvgraft_plugin._template import Entry
 
@@ -86,3 +86,22 @@ def test_the_served_model_is_opened_as_a_judge_only_when_it_may_be_asked(monkeyp
     failed = _routing.LibraryRouting(library, "minilm", served=served)
     assert failed.judge(EngineConfig()) is None and yes_man.closed  # it fails the check: its context is freed
     assert failed.judge(EngineConfig()) is None and yes_man.asked == 1  # and it is not asked again
+
+
+def test_behind_the_word_guards_the_judge_is_a_veto_with_a_threshold_of_its_own(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(_routing, "open_judge", lambda model, **_: ScriptedJudge(2.0, -3.0))
+    boil = Entry("boil", "At what temperature does water boil?", "100")
+    library = SimpleNamespace(routing={}, aliases={}, entries={"boil": SimpleNamespace(entry=boil)})
+    served = _routing.LibraryRouting(library, "minilm", served=Path("served.gguf"))
+    # the served model is checked at its own default, then vetoes at VETO_THRESHOLD
+    assert served.judge(EngineConfig(profile="math"))[1:] == (VETO_THRESHOLD, "math")
+    assert served.judge(EngineConfig(profile="math", judge_threshold=-2.0))[1:] == (-2.0, "math")
+    record = {"model": "qwen", "prompt": JUDGE_PROMPT, "threshold": 0.5, "profile": "none"}
+    library.routing = {"judge": record}
+    calibrated = _routing.LibraryRouting(library, "minilm")
+    assert calibrated.judge(EngineConfig())[1:] == (0.5, "none")
+    # a threshold calibrated for the judge alone is not lent to the judge behind the word guards
+    assert calibrated.judge(EngineConfig(profile="math"))[1:] == (VETO_THRESHOLD, "math")
+    library.routing = {"judge": {**record, "profile": "math", "threshold": -2.5}}
+    assert _routing.LibraryRouting(library, "minilm").judge(EngineConfig())[1:] == (-2.5, "math")
