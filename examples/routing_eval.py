@@ -112,7 +112,6 @@ def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: Reco
         )
 
     routers = {mode: router(mode) for mode in (modes if judge is not None else ("words",))}
-    routers.setdefault("words", router("words"))
     rows = []
     for path in queries:
         for line in path.read_text(encoding="utf-8").splitlines():
