@@ -8,8 +8,10 @@ embedded with the library's embedder (MiniLM) into a flat faiss index, the simil
 - `judge`: the structural guards (`JUDGED_GUARDS`) and the judge;
 - `profile`: the default guards, then the judge as a veto at `VETO_THRESHOLD` (``profile="math"``).
 
-The judge's margins are computed once per (entry, question) and saved (``--margins``), so that thresholds
-can be compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
+The judge's margins are computed once per (entry, question), down to the lowest threshold asked (its views stop
+at the first margin below it), with the rewording score of a small edit the judge leaves short of a clear Yes
+(`kvgraft_plugin._rewording`), and saved (``--margins``), so that thresholds at or above that floor can be
+compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
 
 ``--replay K`` replays every query K times in a shuffled stream with the judge deferred (``judge_mode="async"``,
 the real `DeferredJudge` and aliases): a pair not judged yet goes plain, up to ``--idle`` deferred pairs are
@@ -40,7 +42,7 @@ sys.path.insert(0, str(HERE.parent))
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
 from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
-from kvgraft_plugin._judge import VETO_THRESHOLD, JudgeVerdict, pair_threshold  # noqa: E402
+from kvgraft_plugin._judge import SMALL_EDIT, VETO_THRESHOLD, JudgeVerdict, pair_bar  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
 MODES = ("words", "judge", "profile")
@@ -67,28 +69,57 @@ def sets(names: list[str]) -> list[tuple[str, Path, list[Path]]]:
 
 
 class RecordingJudge:
-    """Margins from a saved table, computed by ``judge`` (a `Judge`) when absent; ``threshold`` decides."""
+    """Margins (and rewording scores) from a saved table, computed by ``judge`` (a `Judge`) when absent;
+    ``threshold`` decides. A margin is computed down to ``floor``: the views stop at the first one below it,
+    so the table decides every threshold at or above ``floor`` as the real judge would."""
 
-    def __init__(self, margins: dict[str, float], judge: Any | None) -> None:
-        self.margins, self.judge, self.threshold = margins, judge, 0.0
+    def __init__(self, margins: dict[str, Any], judge: Any | None, floor: float = float("-inf")) -> None:
+        self.margins, self.judge, self.threshold, self.floor = margins, judge, 0.0, floor
         self.ms: list[float] = []
 
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         margin = self.margin(entry, question)
-        return JudgeVerdict(margin, pair_threshold(entry.problem, question, self.threshold), 0.0, cached=True)
+        threshold, why = pair_bar(entry.problem, question, self.threshold)
+        rewording = None
+        if why == SMALL_EDIT and self.threshold <= margin < threshold:
+            rewording = self.rewording(entry, question)
+        return JudgeVerdict(margin, threshold, 0.0, cached=True, clear_yes=why, rewording=rewording)
 
     def vetoing(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         """Behind the word guards (``profile``): a veto at ``VETO_THRESHOLD``, no clear Yes needed."""
         return JudgeVerdict(self.margin(entry, question), VETO_THRESHOLD, 0.0, cached=True)
 
     def margin(self, entry: Any, question: str) -> float:
+        return float(self._record(entry, question)["margin"])
+
+    def rewording(self, entry: Any, question: str) -> float:
+        record = self._record(entry, question)
+        if record.get("rewording") is None:
+            if self.judge is None:
+                raise SystemExit("a rewording score is missing from --margins and no --judge is given")
+            t0 = time.perf_counter()
+            record["rewording"] = self.judge.rewording(entry.problem, question)
+            self.ms.append((time.perf_counter() - t0) * 1e3)
+        return float(record["rewording"])
+
+    def _record(self, entry: Any, question: str) -> dict[str, Any]:
         key = json.dumps([entry.problem, question], ensure_ascii=False)
+        if isinstance(self.margins.get(key), float):  # a table from before rewording scores: every view
+            self.margins[key] = {"margin": self.margins[key], "floor": float("-inf")}
+        record = self.margins.get(key)
+        if record is not None and self.floor < record["floor"] and record["margin"] < record["floor"]:
+            del self.margins[key]  # computed down to a higher floor than this run needs
         if key not in self.margins:
             if self.judge is None:
                 raise SystemExit("a margin is missing from --margins and no --judge is given")
-            verdict = self.judge(entry.problem, question, answer=entry.answer, threshold=float("-inf"))
-            self.margins[key] = verdict.margin
-            self.ms.append(verdict.ms)
+            margins = []
+            t0 = time.perf_counter()
+            for view in range(len(self.judge.views)):
+                margins.append(self.judge.view_margin(view, entry.problem, question, entry.answer))
+                if margins[-1] < self.floor:
+                    break
+            self.ms.append((time.perf_counter() - t0) * 1e3)
+            self.margins[key] = {"margin": min(margins), "floor": self.floor}
         return self.margins[key]
 
 
@@ -136,9 +167,12 @@ class ReplayJudge:
 
     def known(
         self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False
-    ) -> float | None:
+    ) -> JudgeVerdict | None:
         key = json.dumps([problem, question], ensure_ascii=False)
-        return self.recording.margins[key] if key in self.seen else None
+        if key not in self.seen:
+            return None
+        entry = type("E", (), {"problem": problem, "answer": answer})()
+        return self.recording(entry, question, 0.0)
 
     def __call__(
         self, problem: str, question: str, *, answer: str | None, threshold: float, vouched: bool = False
@@ -247,7 +281,7 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=1, help="deferred judgements after each replayed query")
     args = parser.parse_args()
 
-    margins: dict[str, float] = {}
+    margins: dict[str, Any] = {}
     if args.margins is not None and args.margins.is_file():
         margins = json.loads(args.margins.read_text())
     judge = None
@@ -255,20 +289,21 @@ def main() -> None:
         from kvgraft_plugin._judge import open_judge
 
         judge = open_judge(args.judge)
-    recording = RecordingJudge(margins, judge) if (judge is not None or margins) else None
-    embedder = Embedder()
     thresholds = [float(t) for t in args.thresholds.split(",")]
     modes = tuple(m for m in args.modes.split(",") if m in MODES)
+    floor = min(thresholds + ([VETO_THRESHOLD] if "profile" in modes else []))
+    recording = RecordingJudge(margins, judge, floor) if (judge is not None or margins) else None
+    embedder = Embedder()
     t0 = time.perf_counter()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for t in thresholds:
         if recording is not None:
             recording.threshold = t
-        results[str(t)] = {
-            name: route_set(embedder, src, qs, recording, args.floor, modes) for name, src, qs in sets(args.sets)
-        }
-        if args.margins is not None and margins:
-            args.margins.write_text(json.dumps(margins, ensure_ascii=False, indent=0))
+        results[str(t)] = {}
+        for name, src, qs in sets(args.sets):
+            results[str(t)][name] = route_set(embedder, src, qs, recording, args.floor, modes)
+            if args.margins is not None and margins:  # after each set: an interrupted run keeps what it judged
+                args.margins.write_text(json.dumps(margins, ensure_ascii=False, indent=0))
     elapsed = time.perf_counter() - t0
     for mode in modes if recording is not None else ("words",):
         for t in thresholds if mode != "words" else thresholds[:1]:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from ._judge import JudgeVerdict, pair_bar
+from ._judge import JudgeVerdict
 
 __all__ = ["Alias", "DeferredJudge", "alias_key", "parse_aliases"]
 
@@ -58,6 +58,9 @@ class Alias:
     """The question's cosine similarity to the entry when it was judged (reported as a match's score)."""
     added: str
     """When it was approved (ISO 8601, UTC)."""
+    rewording: float | None = None
+    """The rewording check's score, for a small edit it passed short of a clear Yes
+    (`kvgraft_plugin._rewording`)."""
 
     @property
     def key(self) -> str:
@@ -67,7 +70,11 @@ class Alias:
     @property
     def reason(self) -> str:
         """The alias in words, for the router's trail."""
-        return f"alias: judged the same problem by {self.judge} (margin {self.margin:+.2f} >= {self.threshold:+.2f})"
+        if self.rewording is not None:
+            why = f"margin {self.margin:+.2f}, read as a rewording: {self.rewording:+.2f}"
+        else:
+            why = f"margin {self.margin:+.2f} >= {self.threshold:+.2f}"
+        return f"alias: judged the same problem by {self.judge} ({why})"
 
     def to_json(self) -> dict[str, Any]:
         """JSON form, as stored in the manifest."""
@@ -90,10 +97,11 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
                 question=str(item["question"]), entry_id=str(item["entry_id"]), entry_sha256=str(item["entry_sha256"]),
                 margin=float(item["margin"]), threshold=float(item["threshold"]), judge=str(item["judge"]),
                 prompt=str(item["prompt"]), score=float(item["score"]), added=str(item["added"]),
+                rewording=None if item.get("rewording") is None else float(item["rewording"]),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed alias {item!r}: {exc}") from exc
-        if not alias.key or not math.isfinite(alias.margin):
+        if not alias.key or not math.isfinite(alias.margin) or not math.isfinite(alias.rewording or 0.0):
             raise ValueError(f"malformed alias {item!r}")
         if alias.entry_id in entry_ids:
             out[alias.key] = alias
@@ -111,8 +119,8 @@ class JudgeLike(Protocol):
 
     def known(
         self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False
-    ) -> float | None:
-        """The margin of a pair whose verdict at ``threshold`` is already known, else ``None``."""
+    ) -> JudgeVerdict | None:
+        """The verdict at ``threshold`` of a pair already judged far enough to decide it, else ``None``."""
         ...
 
 
@@ -141,10 +149,9 @@ class DeferredJudge:
 
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         """The verdict on ``entry`` (an `Entry`) for ``question`` if known, else a refusal that queues the pair."""
-        margin = self.judge.known(entry.problem, question, entry.answer, self.threshold, vouched=self.vouched)
-        if margin is not None:
-            threshold, why = pair_bar(entry.problem, question, self.threshold, vouched=self.vouched)
-            return JudgeVerdict(margin, threshold, 0.0, cached=True, clear_yes=why)
+        known = self.judge.known(entry.problem, question, entry.answer, self.threshold, vouched=self.vouched)
+        if known is not None:
+            return known
         key = (entry.id, question)
         self._pending[key] = (entry, score)
         self._pending.move_to_end(key)
@@ -171,5 +178,14 @@ class DeferredJudge:
             return None
         added = datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds")
         return Alias(
-            question, entry.id, entry_sha256(entry), verdict.margin, verdict.threshold, model, prompt, score, added
+            question,
+            entry.id,
+            entry_sha256(entry),
+            verdict.margin,
+            verdict.threshold,
+            model,
+            prompt,
+            score,
+            added,
+            verdict.rewording,
         )

@@ -14,7 +14,8 @@ from typing import Any
 
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
-from ._judge import CLOSE_MARGIN, clear_yes
+from ._judge import CLOSE_MARGIN, SMALL_EDIT, clear_yes
+from ._rewording import REWORDING_THRESHOLD
 
 __all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
 
@@ -77,16 +78,20 @@ def _best_range(curve: Sequence[CurvePoint]) -> tuple[int, int]:
 
 
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
-#: refusal or ``None``, judge margin or ``None`` where a guard refused first, and whether the pair needs a
-#: clear Yes: `kvgraft_plugin._judge.clear_yes`), best first.
-Candidates = list[tuple[str, float, str | None, float | None, bool]]
+#: refusal or ``None``, judge margin or ``None`` where a guard refused first, why the pair needs a clear Yes
+#: or ``None``: `kvgraft_plugin._judge.clear_yes`, and the rewording score of a small edit short of a clear
+#: Yes or ``None``: `kvgraft_plugin._rewording`), best first.
+Candidates = list[tuple[str, float, str | None, float | None, str | None, float | None]]
 Judged = list[tuple[str | None, Candidates]]
 
 
 def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
-    for entry_id, _, refusal, judged, clear in candidates:
-        needed = max(margin, CLOSE_MARGIN) if clear else margin
-        if refusal is None and judged is not None and judged >= needed:
+    for entry_id, _, refusal, judged, clear, rewording in candidates:
+        if refusal is not None or judged is None or judged < margin:
+            continue
+        if clear is None or judged >= CLOSE_MARGIN:
+            return entry_id
+        if clear == SMALL_EDIT and rewording is not None and rewording >= REWORDING_THRESHOLD:
             return entry_id
     return None
 
@@ -107,7 +112,8 @@ def calibrate_judge(
     once; the chosen margin grafts the fewest queries wrongly and, among those, the most covered ones right,
     halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
     choice). A pair that needs a clear Yes (`kvgraft_plugin._judge.clear_yes`) needs `CLOSE_MARGIN` at least,
-    as when routing, unless the word guards of ``profile="math"`` passed it."""
+    as when routing, unless the word guards of ``profile="math"`` passed it, or it is a small edit that the
+    rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit short of a clear Yes)."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
@@ -123,16 +129,18 @@ def calibrate_judge(
             for entry_id, score, refusal in router.explain(q["question"]):
                 if score < threshold:
                     break
-                margin, entry = None, library.entries[entry_id].entry
+                margin, rewording, entry = None, None, library.entries[entry_id].entry
+                clear = clear_yes(entry.problem, q["question"]) if profile != "math" else None
                 if refusal is None:
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
-                clear = profile != "math" and clear_yes(entry.problem, q["question"]) is not None
-                cands.append((entry_id, score, refusal, margin, clear))
+                    if clear == SMALL_EDIT and margin < CLOSE_MARGIN:
+                        rewording = judged[0].rewording(entry.problem, q["question"])
+                cands.append((entry_id, score, refusal, margin, clear, rewording))
             out.append((q.get("expect_entry"), cands))
         return out
 
     judged = engine.run_exclusive(lambda _: explain_all())
-    margins = sorted({m for _, cands in judged for *_, m, _ in cands if m is not None and m != float("-inf")})
+    margins = sorted({c[3] for _, cands in judged for c in cands if c[3] is not None and c[3] != float("-inf")})
     cuts = [m - 0.01 for m in margins] + [margins[-1] + 0.01] if margins else [0.0]
     curve = [_judge_point(judged, cut) for cut in cuts]
     first, last = _best_range(curve)

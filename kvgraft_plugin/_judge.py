@@ -14,6 +14,7 @@ from a restored state, is bitwise the unsplit one, so a margin does not depend o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -30,6 +31,7 @@ from ._fingerprint import make_fingerprint
 from ._judge_starts import JudgeStarts, StartStore
 from ._models import file_sha256, model_name_of, resolve_model
 from ._paths import cache_root
+from ._rewording import CHANGE, KEEP, REWORDING_PROMPT, REWORDING_THRESHOLD, edited, log_likelihood
 from ._shape import kept
 from ._signature import unpaired_numbers
 from ._template import _SLOT, _segments
@@ -41,6 +43,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "JUDGE_N_CTX",
     "JUDGE_PROMPT",
+    "SMALL_EDIT",
     "VETO_THRESHOLD",
     "VIEWS",
     "Judge",
@@ -69,11 +72,16 @@ VETO_THRESHOLD = -3.0
 #: edit of it, and needs a margin of at least `CLOSE_MARGIN`: a clear Yes. The judge overlooks small edits
 #: ("highest" for "lowest", "not including" for "including", "CO" for "CO2"). Chosen on examples/edits-dev
 #: and the domains sets, where at -1.0 it refused 12 near-misses for 7 paraphrases (none on the domains
-#: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing.md).
+#: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing.md). A small edit the
+#: judge leaves between the threshold and a clear Yes is read again as a rewording (`kvgraft_plugin._rewording`).
 CLOSE_KEPT = 0.7
 CLOSE_MARGIN = 0.0
-#: What needs a clear Yes (`clear_yes`), for the keys of cached verdicts that depend on it.
-CLEAR_YES_RULES = ("small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers")
+#: What needs a clear Yes (`clear_yes`), and what reads a small edit again (`kvgraft_plugin._rewording`), for
+#: the keys of cached verdicts that depend on them.
+CLEAR_YES_RULES = ("small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD)
+#: `clear_yes`'s reason for a small edit: one the judge leaves short of a clear Yes is read again as a
+#: rewording (`kvgraft_plugin._rewording`).
+SMALL_EDIT = "a small edit of the entry"
 
 
 def clear_yes(problem: str, question: str) -> str | None:
@@ -83,7 +91,7 @@ def clear_yes(problem: str, question: str) -> str | None:
     refused before the judge). The judge overlooks both: on the tuning sets, at -1.0, one-sided numbers let
     8 of 102 near-misses through, and at 0 one (docs/routing.md)."""
     if CLOSE_KEPT <= kept(problem, question) < 1.0:
-        return "a small edit of the entry"
+        return SMALL_EDIT
     if any(unpaired_numbers(problem, question)):
         return "a question whose numbers do not pair with the entry's"
     return None
@@ -218,11 +226,16 @@ class JudgeVerdict:
     """Not judged yet: queued for when the engine is idle (``judge_mode="async"``, `kvgraft_plugin._aliases`)."""
     clear_yes: str | None = None
     """Why ``threshold`` was raised to a clear Yes (`clear_yes`), or ``None``."""
+    rewording: float | None = None
+    """The rewording check's score of a small edit the judge left short of a clear Yes
+    (`kvgraft_plugin._rewording`), or ``None`` when it was not asked."""
 
     @property
     def passed(self) -> bool:
-        """The margin clears the threshold."""
-        return self.error is None and self.margin >= self.threshold
+        """The margin clears the threshold, or the pair is a small edit read as a rewording."""
+        if self.error is not None:
+            return False
+        return self.margin >= self.threshold or (self.rewording is not None and self.rewording >= REWORDING_THRESHOLD)
 
     @property
     def reason(self) -> str:
@@ -232,13 +245,28 @@ class JudgeVerdict:
         if self.error is not None:
             return f"the judge could not read the pair: {self.error}"
         why = f" ({self.clear_yes} needs a clear Yes)" if self.clear_yes else ""
-        return f"judge margin {self.margin:+.2f} {'>=' if self.passed else '<'} {self.threshold:+.2f}{why}"
+        cleared = ">=" if self.margin >= self.threshold else "<"
+        reason = f"judge margin {self.margin:+.2f} {cleared} {self.threshold:+.2f}{why}"
+        if self.rewording is not None:
+            kept = self.rewording >= REWORDING_THRESHOLD
+            reason += f"; read as a rewording: {self.rewording:+.2f} {'>=' if kept else '<'} {REWORDING_THRESHOLD:+.2f}"
+        return reason
+
+
+@dataclass
+class _Seen:
+    """What is known of one pair: its views' margins so far, and its rewording score once asked."""
+
+    margins: list[float]
+    rewording: float | None = None
 
 
 class Judge:
     """A same-problem judge on ``backend`` (an instruct model with a chat template).
 
-    Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest.
+    Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest. A small edit of
+    the entry that the views leave between the threshold and a clear Yes is read again by the rewording check
+    (`kvgraft_plugin._rewording`), which decides it.
     The prompts of a view begin with the same start (its instruction and worked verdicts): the start is
     prefilled once and its cells are saved as a state (in ``starts`` too, when given, for the next judge),
     and a prompt of another start than the one in the cells restores that start's state first. A restored
@@ -268,12 +296,12 @@ class Judge:
         self.backend, self.threshold, self.model_id, self.views = backend, threshold, model_id, views
         self.fingerprint: dict[str, Any] = dict(fingerprint or {})
         kinds = list(dict.fromkeys((v.system, v.shots) for v in views))
-        self._start_of = [kinds.index((v.system, v.shots)) for v in views]
-        self._starts: list[tuple[list[int], bytearray] | None] = [None] * len(kinds)
+        self._start_of = [f"view-{kinds.index((v.system, v.shots))}" for v in views]
+        self._starts: dict[str, tuple[list[int], bytearray]] = {}
         self._store = starts
         self._yes, self._no = self._answer_tokens(_YES), self._answer_tokens(_NO)
         self._fed: list[int] = []  # what the backend's cells hold
-        self._cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()  # the views' margins so far
+        self._cache: OrderedDict[tuple[str, str], _Seen] = OrderedDict()  # what is known of each pair so far
         self._cache_size = cache_size
 
     def __call__(
@@ -288,38 +316,60 @@ class Judge:
         """Judge whether ``question`` asks the same problem as an entry whose problem is ``problem`` (and whose
         answer is ``answer``); the pair passes at ``threshold`` (default: the judge's; raised where the pair
         needs a clear Yes unless the word guards ``vouched`` for it, `pair_threshold`). The views are asked
-        in order until one's margin is below ``threshold``; each view of a pair is computed once (then cached)."""
+        in order until one's margin is below the threshold (a small edit: below ``threshold`` itself, since
+        the rewording check may pass what falls short of a clear Yes); each view of a pair and its rewording
+        score are computed once (then cached)."""
         asked = self.threshold if threshold is None else threshold
-        threshold, why = pair_bar(problem, question, asked, vouched=vouched)
         key = _key(problem, answer, question)
-        margins = self._cache.get(key)
-        if margins is None:
-            margins = self._cache[key] = []
+        seen = self._cache.get(key)
+        if seen is None:
+            seen = self._cache[key] = _Seen([])
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
         t0, computed = time.perf_counter(), False
-        while len(margins) < len(self.views) and (not margins or min(margins) >= threshold):
-            try:
-                margins.append(self.view_margin(len(margins), problem, question, answer))
-            except ContextOverflowError as exc:
-                del self._cache[key]
-                ms = (time.perf_counter() - t0) * 1e3
-                return JudgeVerdict(float("-inf"), threshold, ms, False, str(exc), clear_yes=why)
-            computed = True
+        bar, why = pair_bar(problem, question, asked, vouched=vouched)
+        try:
+            while (missing := self._missing(seen, asked, bar, why)) is not None:
+                if missing == "view":
+                    seen.margins.append(self.view_margin(len(seen.margins), problem, question, answer))
+                else:
+                    seen.rewording = self.rewording(problem, question)
+                computed = True
+        except ContextOverflowError as exc:
+            del self._cache[key]
+            ms = (time.perf_counter() - t0) * 1e3
+            return JudgeVerdict(float("-inf"), bar, ms, False, str(exc), clear_yes=why)
         ms = (time.perf_counter() - t0) * 1e3 if computed else 0.0
-        return JudgeVerdict(min(margins), threshold, ms, cached=not computed, clear_yes=why)
+        return dataclasses.replace(self._verdict(seen, asked, bar, why), ms=ms, cached=not computed)
 
     def known(
         self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False
-    ) -> float | None:
-        """The margin of a pair whose verdict at ``threshold`` (`pair_threshold`) is known from the cache
-        (``None``: it is not); nothing is computed."""
-        margins = self._cache.get(_key(problem, answer, question))
-        threshold = pair_threshold(problem, question, threshold, vouched=vouched)
-        if margins and (len(margins) == len(self.views) or min(margins) < threshold):
-            return min(margins)
+    ) -> JudgeVerdict | None:
+        """The verdict at ``threshold`` (`pair_threshold`) of a pair already judged far enough to decide it,
+        from the cache (``None``: it was not); nothing is computed."""
+        seen = self._cache.get(_key(problem, answer, question))
+        bar, why = pair_bar(problem, question, threshold, vouched=vouched)
+        if seen is None or self._missing(seen, threshold, bar, why) is not None:
+            return None
+        return self._verdict(seen, threshold, bar, why)
+
+    def _missing(self, seen: _Seen, asked: float, bar: float, why: str | None) -> str | None:
+        """What a verdict at ``asked`` still needs: "view" (the next view's margin), "rewording", or ``None``.
+        The views stop at the first margin below the bar (a small edit's: below ``asked``, since the rewording
+        check may pass it short of the bar)."""
+        margins = seen.margins
+        if len(margins) < len(self.views) and (not margins or min(margins) >= (asked if why == SMALL_EDIT else bar)):
+            return "view"
+        if why == SMALL_EDIT and asked <= min(margins) < bar and seen.rewording is None:
+            return "rewording"
         return None
+
+    @staticmethod
+    def _verdict(seen: _Seen, asked: float, bar: float, why: str | None) -> JudgeVerdict:
+        margin = min(seen.margins)
+        rewording = seen.rewording if why == SMALL_EDIT and asked <= margin < bar else None
+        return JudgeVerdict(margin, bar, 0.0, cached=True, clear_yes=why, rewording=rewording)
 
     def margin(self, problem: str, question: str, answer: str | None = None) -> float:
         """The pair's margin, every view computed now (no cache)."""
@@ -328,21 +378,33 @@ class Judge:
     def view_margin(self, view: int, problem: str, question: str, answer: str | None = None) -> float:
         """The Yes-minus-No logit margin of one view of a pair, computed now."""
         tokens, n_start = self._prompt(self.views[view], problem, question, answer)
-        start, state = self._start(self._start_of[view], tokens[:n_start])
-        if self._fed[:n_start] != start:  # the cells hold another view's start
-            self._fed = []
-            self.backend.restore_state(state, n_start)
-            self._fed = list(start)
-        reuse = 0
-        for a, b in zip(self._fed, tokens[:-1]):  # the last token is always fed: its logits are the verdict
-            if a != b:
-                break
-            reuse += 1
-        self.backend.truncate(reuse)
+        reuse = self._reach(self._start_of[view], tokens, n_start, len(tokens) - 1)  # the last is always fed
         self._fed = []  # until the prefill below has succeeded
         logits = self.backend.prefill(tokens[reuse:])
         self._fed = tokens
         return float(max(logits[t] for t in self._yes) - max(logits[t] for t in self._no))
+
+    def rewording(self, problem: str, question: str) -> float:
+        """The rewording check's score of a pair, computed now (`kvgraft_plugin._rewording`): the
+        log-likelihood ratio, kept over changed, of the question's tokens that the edit wrote."""
+        problem, question = problem.strip(), question.strip()
+        entry = self.backend.tokenize(problem, add_bos=False)
+        scores = []
+        for rewrite in (KEEP, CHANGE):
+            tokens, spans = self._chat(rewrite.turns(problem, question), reply=True)
+            n_start, (first, end) = spans[-2][0], spans[-1]
+            if end - first > self.backend.n_batch:
+                raise ContextOverflowError(f"a question of {end - first} tokens is longer than n_batch")
+            reuse = self._reach(rewrite.name, tokens, n_start, first - 1)
+            self._fed = []  # until the feeds below have succeeded
+            if first - 1 > reuse:
+                self.backend.prefill(tokens[reuse : first - 1])
+            self.backend.verify(tokens[first - 1 : end - 1])  # output i predicts the question's token i
+            self._fed = tokens[: end - 1]
+            scores.append([log_likelihood(self.backend.logits(i), t) for i, t in enumerate(tokens[first:end])])
+            wrote = edited(entry, tokens[first:end])
+        keep, change = scores
+        return float(sum(k - c for k, c, w in zip(keep, change, wrote, strict=True) if w))
 
     def prompt_tokens(self, view: View, problem: str, question: str, answer: str | None = None) -> list[int]:
         """One view's prompt: the model's chat template around the instruction, the texts never special."""
@@ -354,23 +416,45 @@ class Judge:
         turns = [("system", view.system)]
         for shot_problem, shot_answer, shot_question, verdict in view.shots:
             turns += [("user", view.user(shot_problem, shot_question, shot_answer, shot=True)), ("assistant", verdict)]
-        turns.append(("user", _SLOT.sub("", user)))  # text that mimics a placeholder is dropped, not obeyed
-        contents = [content for _, content in turns]
-        slots = [(role, f"\ue000{i}\ue001") for i, (role, _) in enumerate(turns)]
-        rendered = self.backend.render_chat(slots, add_generation_prompt=True, name=None)
-        tokens: list[int] = []
-        n_start, texts = 0, 0
-        for i, segment in enumerate(_segments(rendered, contents)):
-            if not segment.special:
-                texts += 1
-                if texts == len(turns):  # the pair's own text: every prompt of the view shares what is before
-                    n_start = len(tokens)
-            tokens += self.backend.tokenize(segment.text, add_bos=i == 0, special=segment.special)
-        return tokens, n_start
+        tokens, spans = self._chat([*turns, ("user", user)], reply=False)
+        return tokens, spans[-1][0]  # every prompt of the view shares what is before the pair's own text
 
-    def _start(self, kind: int, tokens: list[int]) -> tuple[list[int], bytearray]:
+    def _chat(self, turns: list[tuple[str, str]], *, reply: bool) -> tuple[list[int], list[tuple[int, int]]]:
+        """``turns`` through the model's chat template: the tokens, and where each turn's text lies in them. The
+        texts are never special (text that mimics a placeholder is dropped, not obeyed). ``reply``: the last
+        turn is the model's, and no generation prompt follows it."""
+        contents = [_SLOT.sub("", content) for _, content in turns]
+        slots = [(role, f"\ue000{i}\ue001") for i, (role, _) in enumerate(turns)]
+        rendered = self.backend.render_chat(slots, add_generation_prompt=not reply, name=None)
+        tokens: list[int] = []
+        spans: list[tuple[int, int]] = []
+        for i, segment in enumerate(_segments(rendered, contents)):
+            first = len(tokens)
+            tokens += self.backend.tokenize(segment.text, add_bos=i == 0, special=segment.special)
+            if not segment.special:
+                spans.append((first, len(tokens)))
+        return tokens, spans
+
+    def _reach(self, kind: str, tokens: list[int], n_start: int, limit: int) -> int:
+        """Make the cells hold a prefix of ``tokens[:limit]`` that begins with the start of ``kind`` (its first
+        ``n_start`` tokens): restore the start unless they hold it, and drop what follows their longest shared
+        prefix. How many positions they keep."""
+        start, state = self._start(kind, tokens[:n_start])
+        if self._fed[:n_start] != start:  # the cells hold another start
+            self._fed = []
+            self.backend.restore_state(state, n_start)
+            self._fed = list(start)
+        reuse = 0
+        for a, b in zip(self._fed, tokens[:limit]):
+            if a != b:
+                break
+            reuse += 1
+        self.backend.truncate(reuse)
+        return reuse
+
+    def _start(self, kind: str, tokens: list[int]) -> tuple[list[int], bytearray]:
         """A start's tokens and the state of its cells: kept, loaded from the store, or prefilled now."""
-        known = self._starts[kind]
+        known = self._starts.get(kind)
         if known is not None and known[0] == tokens:
             return known
         state = self._store.load(tokens) if self._store is not None else None

@@ -17,10 +17,19 @@ from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
 from kvgraft_plugin._checks import library_tests_checker
-from kvgraft_plugin._judge import CLOSE_MARGIN, DEFAULT_THRESHOLD, JUDGE_PROMPT, VETO_THRESHOLD, VIEWS, open_judge
+from kvgraft_plugin._judge import (
+    CLOSE_MARGIN,
+    DEFAULT_THRESHOLD,
+    JUDGE_PROMPT,
+    SMALL_EDIT,
+    VETO_THRESHOLD,
+    VIEWS,
+    open_judge,
+)
 from kvgraft_plugin._judge_check import check_judge
 from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
 from kvgraft_plugin._paths import cache_root
+from kvgraft_plugin._rewording import REWORDING_THRESHOLD
 from kvgraft_plugin.cli import main
 
 NAME = "qwen2.5-coder-1.5b-instruct"
@@ -219,6 +228,26 @@ def test_behind_the_word_guards_the_real_judge_only_vetoes_a_clear_no(qwen):
     verdicts = [v for v in graft.match if v["guard"] == "judge"]
     assert graft.route == "graft" and [v["passed"] for v in verdicts] == [True]
     assert f"{VETO_THRESHOLD:+.2f}" in verdicts[0]["reason"]
+
+
+def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_real_rewording_check(qwen):
+    judge = qwen.routing.judge(qwen.config)[0]
+    # from the tuning set examples/edits-dev: "half off" for "half price" keeps the problem (measured: margin
+    # -0.45, short of the clear Yes; rewording +3.33), "Hin- und Rückfahrt" for "Fahrt" changes it (-0.02; -1.72)
+    shirts = "Shirts cost 15 dollars each, but the second shirt is half price. How much do 2 shirts cost?"
+    reworded = judge(
+        shirts, shirts.replace("half price", "half off"), answer="22.50 dollars", threshold=DEFAULT_THRESHOLD
+    )
+    assert reworded.clear_yes == SMALL_EDIT and DEFAULT_THRESHOLD <= reworded.margin < CLOSE_MARGIN, reworded.reason
+    assert reworded.passed and reworded.rewording >= REWORDING_THRESHOLD, reworded.reason
+    train = "Ein Zug fährt um 8:15 Uhr ab und kommt um 10:45 Uhr an. Wie lange dauert die Fahrt?"
+    near = judge(train, train.replace("die Fahrt", "die Hin- und Rückfahrt"), answer="2 Stunden 30 Minuten",
+                 threshold=DEFAULT_THRESHOLD)  # fmt: skip
+    assert DEFAULT_THRESHOLD <= near.margin < CLOSE_MARGIN and near.rewording < REWORDING_THRESHOLD, near.reason
+    assert not near.passed and "read as a rewording" in near.reason
+    # the score is the model's, computed again bitwise, whatever the judge's cells held before
+    judge.view_margin(0, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer)
+    assert judge.rewording(shirts, shirts.replace("half price", "half off")) == reworded.rewording
 
 
 def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(qwen):

@@ -5,6 +5,7 @@ Qwen judge does the same in tests/integration/test_qwen.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -40,7 +41,8 @@ class FakeJudge:
         self.backend = _Closed()
 
     def known(self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False):
-        return self._cache.get((problem, question))
+        margin = self._cache.get((problem, question))
+        return None if margin is None else JudgeVerdict(margin, threshold, 0.0, cached=True)
 
     def __call__(self, problem: str, question: str, *, answer: str | None, threshold: float, vouched: bool = False):
         if (problem, question) not in self._cache:
@@ -181,6 +183,25 @@ def test_alias_keys_and_parsing():
     for bad in ("x", [1], [{**good, "margin": "nan"}], [{k: v for k, v in good.items() if k != "judge"}]):
         with pytest.raises(ValueError):
             parse_aliases(bad, {"mul": 1})
+    # a small edit the rewording check passed keeps its score; aliases stored before it have none
+    assert parse_aliases([good], {"mul": 1})["q"].rewording is None
+    reworded = parse_aliases([{**good, "margin": -0.4, "threshold": 0.0, "rewording": 2.5}], {"mul": 1})["q"]
+    assert reworded.rewording == 2.5 and "read as a rewording: +2.50" in reworded.reason
+    assert reworded.to_json()["rewording"] == 2.5
+    with pytest.raises(ValueError):
+        parse_aliases([{**good, "rewording": "inf"}], {"mul": 1})
+
+
+def test_a_pair_passed_by_the_rewording_check_becomes_an_alias_with_its_score():
+    class RewordingJudge(FakeJudge):
+        def __call__(self, problem, question, *, answer, threshold, vouched=False):
+            verdict = super().__call__(problem, question, answer=answer, threshold=threshold, vouched=vouched)
+            return dataclasses.replace(verdict, threshold=0.0, clear_yes="a small edit of the entry", rewording=3.0)
+
+    deferred = DeferredJudge(RewordingJudge({"q": -0.5}), -1.0)
+    assert deferred(ENTRIES[0], "q", 0.9).deferred
+    alias = deferred.judge_next(model="m", prompt="p", entry_sha256=lambda e: "sha")
+    assert alias is not None and (alias.margin, alias.threshold, alias.rewording) == (-0.5, 0.0, 3.0)
 
 
 def test_the_deferred_queue_is_bounded_and_keeps_the_newest():

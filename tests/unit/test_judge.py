@@ -4,6 +4,7 @@ judge (Qwen2.5-Coder-1.5B-Instruct) is tested in tests/integration/test_judge.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,8 +12,18 @@ import pytest
 
 from kvgraft_plugin._calibrate import _judge_point
 from kvgraft_plugin._exceptions import ConfigError, ContextOverflowError
-from kvgraft_plugin._judge import CLOSE_KEPT, CLOSE_MARGIN, VIEWS, Judge, JudgeVerdict, clear_yes, pair_threshold
+from kvgraft_plugin._judge import (
+    CLOSE_KEPT,
+    CLOSE_MARGIN,
+    SMALL_EDIT,
+    VIEWS,
+    Judge,
+    JudgeVerdict,
+    clear_yes,
+    pair_threshold,
+)
 from kvgraft_plugin._judge_starts import JudgeStarts
+from kvgraft_plugin._rewording import REWORDING_THRESHOLD, edited
 from kvgraft_plugin._router import (
     DEFAULT_GUARDS,
     JUDGED_GUARDS,
@@ -36,6 +47,7 @@ class FakeBackend:
     the list of tokens fed."""
 
     n_ctx = 100_000
+    n_batch = 512
 
     def __init__(self) -> None:
         self.fed: list[int] = []
@@ -73,9 +85,23 @@ class FakeBackend:
         self.fed += tokens
         self.prefilled += tokens
         text = "".join(chr(t - 100) for t in self.fed if t >= 100)
-        first, second = text.rsplit("First: ", 1)[1].split("\nChanges: ")[0].split("\nSecond: ")
         logits = np.zeros(200_000, dtype=np.float32)
-        logits[0] = len(set(first) & set(second)) - 20.0
+        if "Problem: " not in text:  # a judge's prompt, not a rewrite's
+            first, second = text.rsplit("First: ", 1)[1].split("\nSecond: ")
+            logits[0] = len(set(first) & set(second)) - 20.0
+        return logits
+
+    def verify(self, tokens: list[int]) -> None:
+        self.prefill(tokens)
+
+    def logits(self, index: int) -> np.ndarray:
+        """A rewrite prompt's logits: every character is likelier in the rewording prompt than in the change
+        prompt when the question says "please" (and the other way round when it does not)."""
+        text = "".join(chr(t - 100) for t in self.fed if t >= 100)
+        reworded = "please" in text.rsplit("Problem: ", 1)[1]
+        logits = np.zeros(200_000, dtype=np.float32)
+        if reworded == text.startswith("system:You reword"):
+            logits[100:400] = 5.0
         return logits
 
 
@@ -129,9 +155,12 @@ def test_the_margin_is_the_smallest_view_and_a_pair_stops_at_its_first_refusal()
     judge.view_margin = lambda i, *a: calls.append(i) or original(i, *a)  # type: ignore[method-assign]
     refused = judge("a b c", "a b d", answer="c")  # every view is below 0: the first one decides
     assert not refused.passed and calls == [0] and refused.margin == views[0]
-    assert judge.known("a b c", "a b d", "c", 0.0) == views[0] and judge.known("a b c", "a b d", "c", -100.0) is None
+    known = judge.known("a b c", "a b d", "c", 0.0)
+    assert known is not None and known.margin == views[0] and not known.passed
+    assert judge.known("a b c", "a b d", "c", -100.0) is None
     assert judge("a b c", "a b d", answer="c", threshold=-100.0).margin == min(views) and calls == [0, 1, 2]
-    assert judge.known("a b c", "a b d", "c", -100.0) == min(views)
+    known = judge.known("a b c", "a b d", "c", -100.0)
+    assert known is not None and known.margin == min(views) and known.passed
 
 
 def test_the_views_lay_the_pair_out_each_their_way():
@@ -229,17 +258,21 @@ def test_the_judge_runs_only_on_candidates_above_the_threshold_that_pass_the_gua
 
 def test_calibration_counts_picks_at_each_margin():
     judged = [
-        ("fall", [("speed", 0.9, None, -1.0, False), ("fall", 0.8, None, 3.0, False)]),
-        (None, [("fall", 0.9, None, 1.5, False)]),
-        (None, [("fall", 0.9, "numbers differ", None, False)]),
-        ("mass", [("mass", 0.9, None, 0.5, False)]),
-        (None, [("mass", 0.9, None, -0.5, True)]),  # a small edit: refused below CLOSE_MARGIN whatever the cut
+        ("fall", [("speed", 0.9, None, -1.0, None, None), ("fall", 0.8, None, 3.0, None, None)]),
+        (None, [("fall", 0.9, None, 1.5, None, None)]),
+        (None, [("fall", 0.9, "numbers differ", None, None, None)]),
+        ("mass", [("mass", 0.9, None, 0.5, None, None)]),
+        # a small edit the rewording check refuses: refused below CLOSE_MARGIN whatever the cut
+        (None, [("mass", 0.9, None, -0.5, SMALL_EDIT, REWORDING_THRESHOLD - 0.5)]),
+        # one it passes: passed at any cut up to its margin
+        ("speed", [("speed", 0.9, None, -0.7, SMALL_EDIT, REWORDING_THRESHOLD)]),
     ]
     low, mid, high = _judge_point(judged, 0.0), _judge_point(judged, 2.0), _judge_point(judged, 4.0)
-    assert (low.right, low.wrong, low.covered) == (2, 1, 2)
+    assert (low.right, low.wrong, low.covered) == (2, 1, 3)
     assert (mid.right, mid.wrong) == (1, 0)
     assert (high.right, high.wrong) == (0, 0)
     assert _judge_point(judged, -1.0).wrong == 2  # the speed pick, and not the small edit at -0.5
+    assert _judge_point(judged, -0.7).right == 3 and _judge_point(judged, -0.5).right == 2  # rescued at -0.7
 
 
 def test_a_small_edit_of_the_entry_needs_a_clear_yes():
@@ -256,12 +289,39 @@ def test_a_small_edit_of_the_entry_needs_a_clear_yes():
     assert verdict.clear_yes == "a small edit of the entry" and verdict.threshold == CLOSE_MARGIN
     assert verdict.margin == -8.0
     assert not verdict.passed and "a small edit of the entry needs a clear Yes" in verdict.reason
-    assert judge.known(problem, edited, None, -100.0) == verdict.margin  # known at the raised threshold
+    assert verdict.rewording is not None and verdict.rewording < 0  # read as a rewording too, and refused
+    assert judge.known(problem, edited, None, -100.0) == dataclasses.replace(verdict, ms=0.0, cached=True)
     assert judge(*PLAIN[:2], answer=PLAIN[2]).clear_yes is None
     # behind the word guards (profile math), which read small edits themselves, the threshold stands
     assert pair_threshold(problem, edited, -1.0, vouched=True) == -1.0
     vouched = judge(problem, edited, vouched=True)
     assert vouched.passed and vouched.clear_yes is None and vouched.margin == verdict.margin
+
+
+def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_rewording_check():
+    backend = FakeBackend()
+    judge = Judge(backend, threshold=-10.0)
+    problem = "Is 9 an odd number?"
+    reworded = "Is 9 an odd number, please?"  # the fake's rewrite prompts find "please" a rewording
+    verdict = judge(problem, reworded)
+    assert verdict.clear_yes == "a small edit of the entry" and -10.0 <= verdict.margin < CLOSE_MARGIN
+    assert verdict.rewording is not None and verdict.rewording >= REWORDING_THRESHOLD and verdict.passed
+    assert "read as a rewording" in verdict.reason
+    cost = len(backend.prefilled)
+    assert judge(problem, reworded).cached and len(backend.prefilled) == cost  # both scores are cached
+    # below the judge's own threshold the rewording check is not asked; a clear Yes needs none either
+    assert judge(problem, reworded, threshold=verdict.margin + 1).rewording is None
+    assert judge(problem, "Is 9 an odd number please?", threshold=-100.0).passed
+    assert judge("What is 17 times 23?", "Compute 17 * 23.", threshold=-100.0).rewording is None  # no small edit
+    # behind the word guards (vouched) nothing is read again
+    assert judge(problem, "Is 9 an odd number, please, please?", vouched=True).rewording is None
+
+
+def test_the_edited_tokens_are_those_the_edit_wrote_and_the_one_after():
+    assert edited([1, 2, 3, 4], [1, 2, 3, 4]) == [False] * 4
+    assert edited([1, 2, 3, 4], [1, 9, 3, 4]) == [False, True, True, False]  # replaced, and the next
+    assert edited([1, 2, 3, 4], [1, 3, 4]) == [False, True, False]  # after a deletion
+    assert edited([1, 2, 3], [1, 2, 3, 7]) == [False, False, False, True]  # appended
 
 
 @pytest.mark.parametrize(
