@@ -27,7 +27,7 @@ CJK = re.compile(r"[\u3040-\u30FF\u4E00-\u9FFF]")
 # Tokens: a katakana run is one word, each kanji/hanzi/hiragana character is one, else \w+ runs and single symbols.
 # Devanagari vowel signs, virama and nukta are not \w in Python's re, so they are added to the word runs here
 # (otherwise every Hindi word would fall apart into letter-and-sign fragments); this changes no other script.
-DEVA_MARK = "\u0900-\u0903\u093A-\u094F\u0951-\u0957\u0962\u0963"
+DEVA_MARK = "\u0900-\u0903\u093a-\u094f\u0951-\u0957\u0962\u0963"
 TOKEN = re.compile(
     r"[\u30A0-\u30FF]+|[\u3040-\u309F\u4E00-\u9FFF]|(?:[^\W\u3040-\u30FF\u4E00-\u9FFF]|[" + DEVA_MARK + r"])+|[^\w\s]"
 )
