@@ -101,7 +101,8 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed alias {item!r}: {exc}") from exc
-        if not alias.key or not math.isfinite(alias.margin) or not math.isfinite(alias.rewording or 0.0):
+        scores = (alias.margin,) if alias.rewording is None else (alias.margin, alias.rewording)
+        if not alias.key or not all(math.isfinite(score) for score in scores):
             raise ValueError(f"malformed alias {item!r}")
         if alias.entry_id in entry_ids:
             out[alias.key] = alias
@@ -178,14 +179,6 @@ class DeferredJudge:
             return None
         added = datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds")
         return Alias(
-            question,
-            entry.id,
-            entry_sha256(entry),
-            verdict.margin,
-            verdict.threshold,
-            model,
-            prompt,
-            score,
-            added,
-            verdict.rewording,
-        )
+            question, entry.id, entry_sha256(entry), verdict.margin, verdict.threshold, model, prompt, score, added,
+            rewording=verdict.rewording,
+        )  # fmt: skip
