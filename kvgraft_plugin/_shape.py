@@ -11,13 +11,29 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 import unicodedata
 from functools import lru_cache
 
 __all__ = ["Operation", "Swap", "kept", "operations", "swap", "tokens"]
 
-#: A number (with its separators: "1,80", "8:15", "2.54"), a run of letters, or one other visible character.
-_TOKEN = re.compile(r"\d+(?:[.,:]\d+)*|[^\W\d_]+|[^\w\s]")
+
+def _marks() -> str:
+    """Every combining mark that ``\\w`` leaves out (Devanagari and Bengali vowel signs, viramas and nuktas,
+    accents written apart), as the ranges of a regex class."""
+    marks = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] == "M" and not chr(c).isalnum()]
+    ranges: list[list[int]] = []
+    for c in marks:
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return "".join(re.escape(chr(a)) + (f"-{re.escape(chr(b))}" if b > a else "") for a, b in ranges)
+
+
+#: A number (with its separators: "1,80", "8:15", "2.54"), a word (letters and the marks written on them:
+#: "खरीदे" is one word, not "खर" and "द"), or one other visible character.
+_TOKEN = re.compile(rf"\d+(?:[.,:]\d+)*|[^\W\d_](?:[^\W\d_]|[{_marks()}])*|[^\w\s]")
 #: Scripts written without spaces between words: each character is a token.
 _UNSPACED = ("CJK", "HIRAGANA", "KATAKANA")
 #: Longest span of an exchange (in tokens): a longer one is a moved clause, which keeps the meaning.
@@ -36,7 +52,7 @@ def tokens(text: str) -> tuple[str, ...]:
     for token in _TOKEN.findall(text.lower()):
         if not token[0].isalnum():
             continue
-        out.extend(token) if token.isalpha() and _unspaced(token) else out.append(token)
+        out.extend(token) if token[0].isalpha() and _unspaced(token) else out.append(token)
     return tuple(out)
 
 

@@ -13,6 +13,15 @@ def test_tokens_split_unspaced_scripts_into_characters_and_drop_punctuation():
     assert tokens("8:15 and 1,80 m") == ("8:15", "and", "1,80", "m")
 
 
+def test_a_word_keeps_the_marks_written_on_its_letters():
+    # Vowel signs, viramas and nuktas are combining marks, which ``\w`` leaves out: a word is still one token.
+    assert tokens("राम ने 3 किलो आलू खरीदे।") == ("राम", "ने", "3", "किलो", "आलू", "खरीदे")
+    assert tokens("চালিশ হাজার টাকা") == ("চালিশ", "হাজার", "টাকা")
+    assert tokens("cafe\u0301 40") == ("cafe\u0301", "40")  # an accent written apart
+    # A run of an unspaced script is split into characters even where it holds a symbol that is not a letter.
+    assert tokens("何cm²ですか") == ("何", "c", "m", "²", "で", "す", "か")
+
+
 @pytest.mark.parametrize(
     ("first", "second", "exchanged"),
     [
