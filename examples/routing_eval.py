@@ -10,7 +10,8 @@ embedded with the library's embedder (MiniLM) into a flat faiss index, the simil
 
 The judge's margins are computed once per (entry, question), down to the lowest threshold asked (its views stop
 at the first margin below it), with the rewording score of a small edit the judge leaves short of a clear Yes
-(`kvgraft_plugin._rewording`), and saved (``--margins``), so that thresholds at or above that floor can be
+(`kvgraft_plugin._rewording`) and the reading of numbers written in words (`kvgraft_plugin._numerals`), and
+saved (``--margins``), so that thresholds at or above that floor can be
 compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
 
 ``--replay K`` replays every query K times in a shuffled stream with the judge deferred (``judge_mode="async"``,
@@ -43,6 +44,7 @@ from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
 from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
 from kvgraft_plugin._judge import SMALL_EDIT, VETO_THRESHOLD, JudgeVerdict, pair_bar  # noqa: E402
+from kvgraft_plugin._numerals import written_numbers  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
 MODES = ("words", "judge", "profile")
@@ -80,14 +82,19 @@ class RecordingJudge:
     def __call__(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         margin = self.margin(entry, question)
         threshold, why = pair_bar(entry.problem, question, self.threshold)
-        rewording = None
-        if why == SMALL_EDIT and self.threshold <= margin < threshold:
+        rewording, numerals = None, None
+        if written_numbers(entry.problem, question):
+            numerals = self.numerals(entry, question)
+        if not numerals and why == SMALL_EDIT and self.threshold <= margin < threshold:
             rewording = self.rewording(entry, question)
-        return JudgeVerdict(margin, threshold, 0.0, cached=True, clear_yes=why, rewording=rewording)
+        return JudgeVerdict(
+            margin, threshold, 0.0, cached=True, clear_yes=why, rewording=rewording, numerals=numerals
+        )  # fmt: skip
 
     def vetoing(self, entry: Any, question: str, score: float) -> JudgeVerdict:
         """Behind the word guards (``profile``): a veto at ``VETO_THRESHOLD``, no clear Yes needed."""
-        return JudgeVerdict(self.margin(entry, question), VETO_THRESHOLD, 0.0, cached=True)
+        numerals = self.numerals(entry, question) if written_numbers(entry.problem, question) else None
+        return JudgeVerdict(self.margin(entry, question), VETO_THRESHOLD, 0.0, cached=True, numerals=numerals)
 
     def margin(self, entry: Any, question: str) -> float:
         return float(self._record(entry, question)["margin"])
@@ -101,6 +108,16 @@ class RecordingJudge:
             record["rewording"] = self.judge.rewording(entry.problem, question)
             self.ms.append((time.perf_counter() - t0) * 1e3)
         return float(record["rewording"])
+
+    def numerals(self, entry: Any, question: str) -> bool:
+        record = self._record(entry, question)
+        if record.get("numerals") is None:
+            if self.judge is None:
+                raise SystemExit("a numerals reading is missing from --margins and no --judge is given")
+            t0 = time.perf_counter()
+            record["numerals"] = self.judge.numerals(entry.problem, question)
+            self.ms.append((time.perf_counter() - t0) * 1e3)
+        return bool(record["numerals"])
 
     def _record(self, entry: Any, question: str) -> dict[str, Any]:
         key = json.dumps([entry.problem, question], ensure_ascii=False)

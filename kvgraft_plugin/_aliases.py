@@ -61,6 +61,9 @@ class Alias:
     rewording: float | None = None
     """The rewording check's score, for a small edit it passed short of a clear Yes
     (`kvgraft_plugin._rewording`)."""
+    numerals: bool | None = None
+    """Whether the numbers the question writes in words read as the entry's (`kvgraft_plugin._numerals`), for a
+    question that changes nothing else."""
 
     @property
     def key(self) -> str:
@@ -70,7 +73,9 @@ class Alias:
     @property
     def reason(self) -> str:
         """The alias in words, for the router's trail."""
-        if self.rewording is not None:
+        if self.numerals:
+            why = f"margin {self.margin:+.2f}, its numbers in words read as the entry's digits"
+        elif self.rewording is not None:
             why = f"margin {self.margin:+.2f}, read as a rewording: {self.rewording:+.2f}"
         else:
             why = f"margin {self.margin:+.2f} >= {self.threshold:+.2f}"
@@ -98,6 +103,7 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
                 margin=float(item["margin"]), threshold=float(item["threshold"]), judge=str(item["judge"]),
                 prompt=str(item["prompt"]), score=float(item["score"]), added=str(item["added"]),
                 rewording=None if item.get("rewording") is None else float(item["rewording"]),
+                numerals=_optional_bool(item.get("numerals")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed alias {item!r}: {exc}") from exc
@@ -107,6 +113,12 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
         if alias.entry_id in entry_ids:
             out[alias.key] = alias
     return out
+
+
+def _optional_bool(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"expected true, false or null, got {value!r}")
+    return value
 
 
 class JudgeLike(Protocol):
@@ -180,5 +192,5 @@ class DeferredJudge:
         added = datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds")
         return Alias(
             question, entry.id, entry_sha256(entry), verdict.margin, verdict.threshold, model, prompt, score, added,
-            rewording=verdict.rewording,
+            rewording=verdict.rewording, numerals=verdict.numerals,
         )  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Any
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
 from ._judge import CLOSE_MARGIN, SMALL_EDIT, clear_yes
+from ._numerals import written_numbers
 from ._rewording import REWORDING_THRESHOLD
 
 __all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
@@ -79,15 +80,20 @@ def _best_range(curve: Sequence[CurvePoint]) -> tuple[int, int]:
 
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
 #: refusal or ``None``, judge margin or ``None`` where a guard refused first, why the pair needs a clear Yes
-#: or ``None``: `kvgraft_plugin._judge.clear_yes`, and the rewording score of a small edit short of a clear
-#: Yes or ``None``: `kvgraft_plugin._rewording`), best first.
-Candidates = list[tuple[str, float, str | None, float | None, str | None, float | None]]
+#: or ``None``: `kvgraft_plugin._judge.clear_yes`, the rewording score of a small edit short of a clear Yes
+#: or ``None``: `kvgraft_plugin._rewording`, and whether the numbers a question writes in words read as the
+#: entry's, or ``None``: `kvgraft_plugin._numerals`), best first.
+Candidates = list[tuple[str, float, str | None, float | None, str | None, float | None, bool | None]]
 Judged = list[tuple[str | None, Candidates]]
 
 
 def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
-    for entry_id, _, refusal, judged, clear, rewording in candidates:
-        if refusal is not None or judged is None or judged < margin:
+    for entry_id, _, refusal, judged, clear, rewording, numerals in candidates:
+        if refusal is not None or judged is None:
+            continue
+        if numerals:
+            return entry_id
+        if judged < margin:
             continue
         if clear is None or judged >= CLOSE_MARGIN:
             return entry_id
@@ -113,7 +119,8 @@ def calibrate_judge(
     halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
     choice). A pair that needs a clear Yes (`kvgraft_plugin._judge.clear_yes`) needs `CLOSE_MARGIN` at least,
     as when routing, unless the word guards of ``profile="math"`` passed it, or it is a small edit that the
-    rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit short of a clear Yes)."""
+    rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit short of a clear Yes), or
+    the entry with its numbers written in words that read back as its own (`kvgraft_plugin._numerals`)."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
@@ -129,13 +136,15 @@ def calibrate_judge(
             for entry_id, score, refusal in router.explain(q["question"]):
                 if score < threshold:
                     break
-                margin, rewording, entry = None, None, library.entries[entry_id].entry
+                margin, rewording, numerals, entry = None, None, None, library.entries[entry_id].entry
                 clear = clear_yes(entry.problem, q["question"]) if profile != "math" else None
                 if refusal is None:
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
-                    if clear == SMALL_EDIT and margin < CLOSE_MARGIN:
+                    if written_numbers(entry.problem, q["question"]):
+                        numerals = judged[0].numerals(entry.problem, q["question"])
+                    elif clear == SMALL_EDIT and margin < CLOSE_MARGIN:
                         rewording = judged[0].rewording(entry.problem, q["question"])
-                cands.append((entry_id, score, refusal, margin, clear, rewording))
+                cands.append((entry_id, score, refusal, margin, clear, rewording, numerals))
             out.append((q.get("expect_entry"), cands))
         return out
 

@@ -30,6 +30,7 @@ from ._exceptions import ConfigError, ContextOverflowError
 from ._fingerprint import make_fingerprint
 from ._judge_starts import JudgeStarts, StartStore
 from ._models import file_sha256, model_name_of, resolve_model
+from ._numerals import NUMERALS_PROMPT, numerals_turns, written_numbers
 from ._paths import cache_root
 from ._rewording import CHANGE, KEEP, REWORDING_PROMPT, REWORDING_THRESHOLD, edited, log_likelihood
 from ._shape import kept
@@ -76,9 +77,11 @@ VETO_THRESHOLD = -3.0
 #: judge leaves between the threshold and a clear Yes is read again as a rewording (`kvgraft_plugin._rewording`).
 CLOSE_KEPT = 0.7
 CLOSE_MARGIN = 0.0
-#: What needs a clear Yes (`clear_yes`), and what reads a small edit again (`kvgraft_plugin._rewording`), for
-#: the keys of cached verdicts that depend on them.
-CLEAR_YES_RULES = ("small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD)
+#: What needs a clear Yes (`clear_yes`), and what reads a small edit again (`kvgraft_plugin._rewording`,
+#: `kvgraft_plugin._numerals`), for the keys of cached verdicts that depend on them.
+CLEAR_YES_RULES = (
+    "small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD, NUMERALS_PROMPT
+)  # fmt: skip
 #: `clear_yes`'s reason for a small edit: one the judge leaves short of a clear Yes is read again as a
 #: rewording (`kvgraft_plugin._rewording`).
 SMALL_EDIT = "a small edit of the entry"
@@ -229,13 +232,18 @@ class JudgeVerdict:
     rewording: float | None = None
     """The rewording check's score of a small edit the judge left short of a clear Yes
     (`kvgraft_plugin._rewording`), or ``None`` when it was not asked."""
+    numerals: bool | None = None
+    """Whether the model read the numbers the question writes in words as the entry's
+    (`kvgraft_plugin._numerals`), or ``None`` when the question changes more than that."""
 
     @property
     def passed(self) -> bool:
-        """The margin clears the threshold, or the pair is a small edit read as a rewording."""
+        """The margin clears the threshold, or the pair is a small edit read as a rewording, or the entry with
+        its numbers written in words that read back as its own."""
         if self.error is not None:
             return False
-        return self.margin >= self.threshold or (self.rewording is not None and self.rewording >= REWORDING_THRESHOLD)
+        reworded = self.rewording is not None and self.rewording >= REWORDING_THRESHOLD
+        return self.margin >= self.threshold or reworded or self.numerals is True
 
     @property
     def reason(self) -> str:
@@ -250,15 +258,19 @@ class JudgeVerdict:
         if self.rewording is not None:
             kept = self.rewording >= REWORDING_THRESHOLD
             reason += f"; read as a rewording: {self.rewording:+.2f} {'>=' if kept else '<'} {REWORDING_THRESHOLD:+.2f}"
+        if self.numerals is not None:
+            reason += f"; its numbers in words {'read' if self.numerals else 'do not read'} as the entry's digits"
         return reason
 
 
 @dataclass
 class _Seen:
-    """What is known of one pair: its views' margins so far, and its rewording score once asked."""
+    """What is known of one pair: its views' margins so far, and its rewording score and numerals reading
+    once asked."""
 
     margins: list[float]
     rewording: float | None = None
+    numerals: bool | None = None
 
 
 class Judge:
@@ -266,7 +278,9 @@ class Judge:
 
     Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest. A small edit of
     the entry that the views leave between the threshold and a clear Yes is read again by the rewording check
-    (`kvgraft_plugin._rewording`), which decides it.
+    (`kvgraft_plugin._rewording`), which decides it. A question that only writes the entry's numbers in words
+    passes when the model reads them back as the entry's (`kvgraft_plugin._numerals`; one view is asked still,
+    for the margin on record).
     The prompts of a view begin with the same start (its instruction and worked verdicts): the start is
     prefilled once and its cells are saved as a state (in ``starts`` too, when given, for the next judge),
     and a prompt of another start than the one in the cells restores that start's state first. A restored
@@ -329,10 +343,13 @@ class Judge:
         self._cache.move_to_end(key)
         t0, computed = time.perf_counter(), False
         bar, why = pair_bar(problem, question, asked, vouched=vouched)
+        written = bool(written_numbers(problem, question))
         try:
-            while (missing := self._missing(seen, asked, bar, why)) is not None:
+            while (missing := self._missing(seen, asked, bar, why, written)) is not None:
                 if missing == "view":
                     seen.margins.append(self.view_margin(len(seen.margins), problem, question, answer))
+                elif missing == "numerals":
+                    seen.numerals = self.numerals(problem, question)
                 else:
                     seen.rewording = self.rewording(problem, question)
                 computed = True
@@ -350,15 +367,20 @@ class Judge:
         from the cache (``None``: it was not); nothing is computed."""
         seen = self._cache.get(_key(problem, answer, question))
         bar, why = pair_bar(problem, question, threshold, vouched=vouched)
-        if seen is None or self._missing(seen, threshold, bar, why) is not None:
+        if seen is None or self._missing(seen, threshold, bar, why, bool(written_numbers(problem, question))):
             return None
         return self._verdict(seen, threshold, bar, why)
 
-    def _missing(self, seen: _Seen, asked: float, bar: float, why: str | None) -> str | None:
-        """What a verdict at ``asked`` still needs: "view" (the next view's margin), "rewording", or ``None``.
-        The views stop at the first margin below the bar (a small edit's: below ``asked``, since the rewording
-        check may pass it short of the bar)."""
+    def _missing(self, seen: _Seen, asked: float, bar: float, why: str | None, written: bool) -> str | None:
+        """What a verdict at ``asked`` still needs: "numerals" (the reading of a question that ``written`` the
+        entry's numbers in words), "view" (the next view's margin), "rewording", or ``None``. The views stop at
+        the first margin below the bar (a small edit's: below ``asked``, since the rewording check may pass it
+        short of the bar), and after the first where the numerals read back."""
         margins = seen.margins
+        if written and seen.numerals is None:
+            return "numerals"
+        if seen.numerals:
+            return None if margins else "view"
         if len(margins) < len(self.views) and (not margins or min(margins) >= (asked if why == SMALL_EDIT else bar)):
             return "view"
         if why == SMALL_EDIT and asked <= min(margins) < bar and seen.rewording is None:
@@ -369,7 +391,9 @@ class Judge:
     def _verdict(seen: _Seen, asked: float, bar: float, why: str | None) -> JudgeVerdict:
         margin = min(seen.margins)
         rewording = seen.rewording if why == SMALL_EDIT and asked <= margin < bar else None
-        return JudgeVerdict(margin, bar, 0.0, cached=True, clear_yes=why, rewording=rewording)
+        return JudgeVerdict(
+            margin, bar, 0.0, cached=True, clear_yes=why, rewording=rewording, numerals=seen.numerals
+        )  # fmt: skip
 
     def margin(self, problem: str, question: str, answer: str | None = None) -> float:
         """The pair's margin, every view computed now (no cache)."""
@@ -405,6 +429,27 @@ class Judge:
             wrote = edited(entry, tokens[first:end])
         keep, change = scores
         return float(sum(k - c for k, c, w in zip(keep, change, wrote, strict=True) if w))
+
+    def numerals(self, problem: str, question: str) -> bool:
+        """Whether the model reads every number ``question`` writes in words as the digits ``problem`` has
+        there, computed now (`kvgraft_plugin._numerals`): asked to rewrite each phrase of the question in
+        digits, it writes the entry's phrase, each token and then the end of the turn its most likely next
+        token. Only a question that changes nothing but the writing of the problem's numbers is read."""
+        readings = written_numbers(problem, question)
+        for words, digits in readings:
+            tokens, spans = self._chat(numerals_turns(words, digits), reply=True)
+            n_start, (first, end) = spans[-2][0], spans[-1]
+            if end >= len(tokens):  # the template closes no turn: "4" could not be told from "40"
+                return False
+            reuse = self._reach("numerals", tokens, n_start, first - 1)
+            self._fed = []  # until the feeds below have succeeded
+            if first - 1 > reuse:
+                self.backend.prefill(tokens[reuse : first - 1])
+            self.backend.verify(tokens[first - 1 : end])  # output i predicts token first + i; the last, the end
+            self._fed = tokens[:end]
+            if any(int(self.backend.logits(i).argmax()) != t for i, t in enumerate(tokens[first : end + 1])):
+                return False
+        return bool(readings)
 
     def prompt_tokens(self, view: View, problem: str, question: str, answer: str | None = None) -> list[int]:
         """One view's prompt: the model's chat template around the instruction, the texts never special."""

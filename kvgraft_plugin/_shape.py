@@ -15,7 +15,7 @@ import sys
 import unicodedata
 from functools import lru_cache
 
-__all__ = ["Operation", "Swap", "kept", "operations", "swap", "tokens"]
+__all__ = ["Operation", "Swap", "kept", "operations", "swap", "tokens", "unspaced"]
 
 
 def _marks() -> str:
@@ -40,7 +40,8 @@ _UNSPACED = ("CJK", "HIRAGANA", "KATAKANA")
 MAX_SPAN = 4
 
 
-def _unspaced(token: str) -> bool:
+def unspaced(token: str) -> bool:
+    """``token`` has a character of a script written without spaces between words (`_UNSPACED`)."""
     return any(unicodedata.name(ch, "").startswith(_UNSPACED) for ch in token)
 
 
@@ -52,7 +53,7 @@ def tokens(text: str) -> tuple[str, ...]:
     for token in _TOKEN.findall(text.lower()):
         if not token[0].isalnum():
             continue
-        out.extend(token) if token[0].isalpha() and _unspaced(token) else out.append(token)
+        out.extend(token) if token[0].isalpha() and unspaced(token) else out.append(token)
     return tuple(out)
 
 

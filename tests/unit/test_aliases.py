@@ -190,6 +190,12 @@ def test_alias_keys_and_parsing():
     assert reworded.to_json()["rewording"] == 2.5
     with pytest.raises(ValueError):
         parse_aliases([{**good, "rewording": "inf"}], {"mul": 1})
+    # a question whose numbers in words read as the entry's says so; only true, false or null is read
+    read = parse_aliases([{**good, "margin": -1.5, "threshold": 0.0, "numerals": True}], {"mul": 1})["q"]
+    assert read.numerals is True and "its numbers in words read as the entry's digits" in read.reason
+    assert parse_aliases([good], {"mul": 1})["q"].numerals is None
+    with pytest.raises(ValueError):
+        parse_aliases([{**good, "numerals": "yes"}], {"mul": 1})
 
 
 def test_a_pair_passed_by_the_rewording_check_becomes_an_alias_with_its_score():
@@ -202,6 +208,19 @@ def test_a_pair_passed_by_the_rewording_check_becomes_an_alias_with_its_score():
     assert deferred(ENTRIES[0], "q", 0.9).deferred
     alias = deferred.judge_next(model="m", prompt="p", entry_sha256=lambda e: "sha")
     assert alias is not None and (alias.margin, alias.threshold, alias.rewording) == (-0.5, 0.0, 3.0)
+
+
+def test_a_pair_whose_numbers_in_words_read_back_becomes_an_alias_that_says_so():
+    class NumeralsJudge(FakeJudge):
+        def __call__(self, problem, question, *, answer, threshold, vouched=False):
+            verdict = super().__call__(problem, question, answer=answer, threshold=threshold, vouched=vouched)
+            return dataclasses.replace(verdict, threshold=0.0, clear_yes="a small edit of the entry", numerals=True)
+
+    deferred = DeferredJudge(NumeralsJudge({"q": -1.5}), -1.0)
+    assert deferred(ENTRIES[0], "q", 0.9).deferred
+    alias = deferred.judge_next(model="m", prompt="p", entry_sha256=lambda e: "sha")
+    assert alias is not None and (alias.margin, alias.numerals, alias.rewording) == (-1.5, True, None)
+    assert alias.to_json()["numerals"] is True
 
 
 def test_the_deferred_queue_is_bounded_and_keeps_the_newest():

@@ -86,23 +86,44 @@ class FakeBackend:
         self.prefilled += tokens
         text = "".join(chr(t - 100) for t in self.fed if t >= 100)
         logits = np.zeros(200_000, dtype=np.float32)
-        if "Problem: " not in text:  # a judge's prompt, not a rewrite's
+        if "First: " in text:  # a judge's prompt, not a rewrite's or a reading's
             first, second = text.rsplit("First: ", 1)[1].split("\nSecond: ")
             logits[0] = len(set(first) & set(second)) - 20.0
         return logits
 
     def verify(self, tokens: list[int]) -> None:
+        self.verified = len(self.fed)  # output i predicts the token after fed position verified + i
         self.prefill(tokens)
 
     def logits(self, index: int) -> np.ndarray:
         """A rewrite prompt's logits: every character is likelier in the rewording prompt than in the change
         prompt when the question says "please" (and the other way round when it does not)."""
         text = "".join(chr(t - 100) for t in self.fed if t >= 100)
+        if text.startswith("system:You rewrite phrases with every number"):
+            return self._reading(index)
         reworded = "please" in text.rsplit("Problem: ", 1)[1]
         logits = np.zeros(200_000, dtype=np.float32)
         if reworded == text.startswith("system:You reword"):
             logits[100:400] = 5.0
         return logits
+
+    def _reading(self, index: int) -> np.ndarray:
+        """A numerals prompt's logits: the fake rewrites the phrase with the numbers of `READINGS` in digits;
+        each of its characters, then the turn's end, is the argmax at its position of the reply."""
+        turns = [i for i, t in enumerate(self.fed) if t == 3]  # ...<turn>user:PHRASE<turn>assistant:REPLY
+        question = "".join(chr(t - 100) for t in self.fed[turns[-2] + 1 : turns[-1]])[len("user:") :]
+        for words, digits in READINGS.items():
+            question = question.replace(words, digits)
+        reading = [100 + ord(ch) for ch in question] + [3]
+        at = self.verified + index + 1 - (turns[-1] + 1 + len("assistant:"))
+        logits = np.zeros(200_000, dtype=np.float32)
+        if 0 <= at < len(reading):
+            logits[reading[at]] = 1.0
+        return logits
+
+
+#: How the fake backend writes numbers in digits.
+READINGS = {"three": "3", "forty two": "42", "seven": "7"}
 
 
 class MemoryStarts:
@@ -258,14 +279,14 @@ def test_the_judge_runs_only_on_candidates_above_the_threshold_that_pass_the_gua
 
 def test_calibration_counts_picks_at_each_margin():
     judged = [
-        ("fall", [("speed", 0.9, None, -1.0, None, None), ("fall", 0.8, None, 3.0, None, None)]),
-        (None, [("fall", 0.9, None, 1.5, None, None)]),
-        (None, [("fall", 0.9, "numbers differ", None, None, None)]),
-        ("mass", [("mass", 0.9, None, 0.5, None, None)]),
+        ("fall", [("speed", 0.9, None, -1.0, None, None, None), ("fall", 0.8, None, 3.0, None, None, None)]),
+        (None, [("fall", 0.9, None, 1.5, None, None, None)]),
+        (None, [("fall", 0.9, "numbers differ", None, None, None, None)]),
+        ("mass", [("mass", 0.9, None, 0.5, None, None, None)]),
         # a small edit the rewording check refuses: refused below CLOSE_MARGIN whatever the cut
-        (None, [("mass", 0.9, None, -0.5, SMALL_EDIT, REWORDING_THRESHOLD - 0.5)]),
+        (None, [("mass", 0.9, None, -0.5, SMALL_EDIT, REWORDING_THRESHOLD - 0.5, None)]),
         # one it passes: passed at any cut up to its margin
-        ("speed", [("speed", 0.9, None, -0.7, SMALL_EDIT, REWORDING_THRESHOLD)]),
+        ("speed", [("speed", 0.9, None, -0.7, SMALL_EDIT, REWORDING_THRESHOLD, None)]),
     ]
     low, mid, high = _judge_point(judged, 0.0), _judge_point(judged, 2.0), _judge_point(judged, 4.0)
     assert (low.right, low.wrong, low.covered) == (2, 1, 3)
@@ -273,6 +294,12 @@ def test_calibration_counts_picks_at_each_margin():
     assert (high.right, high.wrong) == (0, 0)
     assert _judge_point(judged, -1.0).wrong == 2  # the speed pick, and not the small edit at -0.5
     assert _judge_point(judged, -0.7).right == 3 and _judge_point(judged, -0.5).right == 2  # rescued at -0.7
+    # the entry with its numbers in words that read back as its own: passed at any cut; one that does not
+    # read back is judged by its margin
+    read = [("mass", [("mass", 0.9, None, -2.0, SMALL_EDIT, None, True)])]
+    assert _judge_point(read, 4.0).right == 1 and _judge_point(read, -1.0).right == 1
+    unread = [(None, [("mass", 0.9, None, -2.0, SMALL_EDIT, None, False)])]
+    assert _judge_point(unread, -3.0).wrong == 0 and _judge_point(unread, -2.0).wrong == 0
 
 
 def test_a_small_edit_of_the_entry_needs_a_clear_yes():
@@ -315,6 +342,29 @@ def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_rewording_check():
     assert judge("What is 17 times 23?", "Compute 17 * 23.", threshold=-100.0).rewording is None  # no small edit
     # behind the word guards (vouched) nothing is read again
     assert judge(problem, "Is 9 an odd number, please, please?", vouched=True).rewording is None
+
+
+def test_a_question_that_writes_the_entry_s_numbers_in_words_passes_when_they_read_back():
+    backend = FakeBackend()
+    judge = Judge(backend, threshold=100.0)  # no margin clears it
+    problem = "A box holds 3 eggs. How many eggs are in 42 boxes?"
+    written = "A box holds three eggs. How many eggs are in forty-two boxes?"
+    verdict = judge(problem, written)
+    assert verdict.numerals is True and verdict.passed and verdict.margin < 100.0
+    assert "its numbers in words read as the entry's digits" in verdict.reason
+    assert len(judge._cache[next(iter(judge._cache))].margins) == 1  # one view, for the margin on record
+    cost = len(backend.prefilled)
+    assert judge(problem, written).cached and len(backend.prefilled) == cost
+    assert judge.known(problem, written, None, 100.0) == dataclasses.replace(verdict, ms=0.0, cached=True)
+    # "seven" reads as 7, not 3: judged as any other pair, and refused here
+    misread = judge(problem, written.replace("three", "seven"))
+    assert misread.numerals is False and not misread.passed
+    assert "do not read as the entry's digits" in misread.reason
+    # a question that changes more than the writing of numbers is not read; a phrase whose rewrite is not the
+    # entry's fails at the first token that differs
+    other = judge(problem, written.replace("box holds", "crate holds"))
+    assert other.numerals is None and not other.passed
+    assert not judge.numerals(problem, written.replace("three eggs", "three large eggs"))
 
 
 def test_the_edited_tokens_are_those_the_edit_wrote_and_the_one_after():
