@@ -9,10 +9,10 @@ embedded with the library's embedder (MiniLM) into a flat faiss index, the simil
 - `profile`: the default guards, then the judge as a veto at `VETO_THRESHOLD` (``profile="math"``).
 
 The judge's margins are computed once per (entry, question), down to the lowest threshold asked (its views stop
-at the first margin below it), with the rewording score of a small edit the judge leaves short of a clear Yes
-(`kvgraft_plugin._rewording`) and the reading of numbers written in words (`kvgraft_plugin._numerals`), and
-saved (``--margins``), so that thresholds at or above that floor can be
-compared offline (``--thresholds``); the decisions printed are the real `Router`'s.
+at the first margin below it), with the rewording score of a small edit (`kvgraft_plugin._rewording`) and the
+reading of numbers written in words (`kvgraft_plugin._numerals`), and saved (``--margins``), so that
+thresholds at or above that floor can be compared offline (``--thresholds``); the decisions printed are the
+real `Router`'s.
 
 ``--replay K`` replays every query K times in a shuffled stream with the judge deferred (``judge_mode="async"``,
 the real `DeferredJudge` and aliases): a pair not judged yet goes plain, up to ``--idle`` deferred pairs are
@@ -85,7 +85,7 @@ class RecordingJudge:
         rewording, numerals = None, None
         if written_numbers(entry.problem, question):
             numerals = self.numerals(entry, question)
-        if not numerals and why == SMALL_EDIT and self.threshold <= margin < threshold:
+        if not numerals and why == SMALL_EDIT and margin >= self.threshold:
             rewording = self.rewording(entry, question)
         return JudgeVerdict(
             margin, threshold, 0.0, cached=True, clear_yes=why, rewording=rewording, numerals=numerals

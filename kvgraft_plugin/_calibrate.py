@@ -16,7 +16,7 @@ from ._engine import GraftEngine
 from ._exceptions import ConfigError
 from ._judge import CLOSE_MARGIN, SMALL_EDIT, clear_yes
 from ._numerals import written_numbers
-from ._rewording import REWORDING_THRESHOLD
+from ._rewording import REWORDING_THRESHOLD, REWORDING_VETO
 
 __all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
 
@@ -80,8 +80,8 @@ def _best_range(curve: Sequence[CurvePoint]) -> tuple[int, int]:
 
 #: One labelled query with a judge: its expected entry and its candidates (entry id, score, structural
 #: refusal or ``None``, judge margin or ``None`` where a guard refused first, why the pair needs a clear Yes
-#: or ``None``: `kvgraft_plugin._judge.clear_yes`, the rewording score of a small edit short of a clear Yes
-#: or ``None``: `kvgraft_plugin._rewording`, and whether the numbers a question writes in words read as the
+#: or ``None``: `kvgraft_plugin._judge.clear_yes`, the rewording score of a small edit or ``None``:
+#: `kvgraft_plugin._rewording`, and whether the numbers a question writes in words read as the
 #: entry's, or ``None``: `kvgraft_plugin._numerals`), best first.
 Candidates = list[tuple[str, float, str | None, float | None, str | None, float | None, bool | None]]
 Judged = list[tuple[str | None, Candidates]]
@@ -95,9 +95,9 @@ def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
             return entry_id
         if judged < margin:
             continue
-        if clear is None or judged >= CLOSE_MARGIN:
+        if rewording is not None and rewording >= REWORDING_THRESHOLD:
             return entry_id
-        if clear == SMALL_EDIT and rewording is not None and rewording >= REWORDING_THRESHOLD:
+        if (clear is None or judged >= CLOSE_MARGIN) and not (rewording is not None and rewording < REWORDING_VETO):
             return entry_id
     return None
 
@@ -119,7 +119,8 @@ def calibrate_judge(
     halfway between the margins that bound that range (a margin just above a near-miss's would be a brittle
     choice). A pair that needs a clear Yes (`kvgraft_plugin._judge.clear_yes`) needs `CLOSE_MARGIN` at least,
     as when routing, unless the word guards of ``profile="math"`` passed it, or it is a small edit that the
-    rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit short of a clear Yes), or
+    rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit, and refusing one read as
+    a changed problem even with a clear Yes), or
     the entry with its numbers written in words that read back as its own (`kvgraft_plugin._numerals`)."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
@@ -142,7 +143,7 @@ def calibrate_judge(
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
                     if written_numbers(entry.problem, q["question"]):
                         numerals = judged[0].numerals(entry.problem, q["question"])
-                    elif clear == SMALL_EDIT and margin < CLOSE_MARGIN:
+                    elif clear == SMALL_EDIT:
                         rewording = judged[0].rewording(entry.problem, q["question"])
                 cands.append((entry_id, score, refusal, margin, clear, rewording, numerals))
             out.append((q.get("expect_entry"), cands))

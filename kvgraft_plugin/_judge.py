@@ -32,7 +32,7 @@ from ._judge_starts import JudgeStarts, StartStore
 from ._models import file_sha256, model_name_of, resolve_model
 from ._numerals import NUMERALS_PROMPT, numerals_turns, written_numbers
 from ._paths import cache_root
-from ._rewording import CHANGE, KEEP, REWORDING_PROMPT, REWORDING_THRESHOLD, edited, log_likelihood
+from ._rewording import CHANGE, KEEP, REWORDING_PROMPT, REWORDING_THRESHOLD, REWORDING_VETO, edited, log_likelihood
 from ._shape import kept
 from ._signature import unpaired_numbers
 from ._template import _SLOT, _segments
@@ -80,7 +80,8 @@ CLOSE_MARGIN = 0.0
 #: What needs a clear Yes (`clear_yes`), and what reads a small edit again (`kvgraft_plugin._rewording`,
 #: `kvgraft_plugin._numerals`), for the keys of cached verdicts that depend on them.
 CLEAR_YES_RULES = (
-    "small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD, NUMERALS_PROMPT
+    "small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD, REWORDING_VETO,
+    NUMERALS_PROMPT,
 )  # fmt: skip
 #: `clear_yes`'s reason for a small edit: one the judge leaves short of a clear Yes is read again as a
 #: rewording (`kvgraft_plugin._rewording`).
@@ -230,7 +231,7 @@ class JudgeVerdict:
     clear_yes: str | None = None
     """Why ``threshold`` was raised to a clear Yes (`clear_yes`), or ``None``."""
     rewording: float | None = None
-    """The rewording check's score of a small edit the judge left short of a clear Yes
+    """The rewording check's score of a small edit whose margin clears the threshold
     (`kvgraft_plugin._rewording`), or ``None`` when it was not asked."""
     numerals: bool | None = None
     """Whether the model read the numbers the question writes in words as the entry's
@@ -238,12 +239,18 @@ class JudgeVerdict:
 
     @property
     def passed(self) -> bool:
-        """The margin clears the threshold, or the pair is a small edit read as a rewording, or the entry with
-        its numbers written in words that read back as its own."""
+        """The margin clears the threshold and the rewording check does not read a changed problem, or the pair
+        is a small edit read as a rewording, or the entry with its numbers written in words that read back as
+        its own."""
         if self.error is not None:
             return False
         reworded = self.rewording is not None and self.rewording >= REWORDING_THRESHOLD
-        return self.margin >= self.threshold or reworded or self.numerals is True
+        return (self.margin >= self.threshold and not self.vetoed) or reworded or self.numerals is True
+
+    @property
+    def vetoed(self) -> bool:
+        """The rewording check reads the pair as a changed problem (`REWORDING_VETO`)."""
+        return self.rewording is not None and self.rewording < REWORDING_VETO
 
     @property
     def reason(self) -> str:
@@ -258,6 +265,8 @@ class JudgeVerdict:
         if self.rewording is not None:
             kept = self.rewording >= REWORDING_THRESHOLD
             reason += f"; read as a rewording: {self.rewording:+.2f} {'>=' if kept else '<'} {REWORDING_THRESHOLD:+.2f}"
+            if self.vetoed:
+                reason += f", and < {REWORDING_VETO:+.2f}: read as a changed problem"
         if self.numerals is not None:
             reason += f"; its numbers in words {'read' if self.numerals else 'do not read'} as the entry's digits"
         return reason
@@ -278,7 +287,8 @@ class Judge:
 
     Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest. A small edit of
     the entry that the views leave between the threshold and a clear Yes is read again by the rewording check
-    (`kvgraft_plugin._rewording`), which decides it. A question that only writes the entry's numbers in words
+    (`kvgraft_plugin._rewording`), which decides it; one they give a clear Yes is read too, and refused when
+    the check reads a changed problem. A question that only writes the entry's numbers in words
     passes when the model reads them back as the entry's (`kvgraft_plugin._numerals`; one view is asked still,
     for the margin on record).
     The prompts of a view begin with the same start (its instruction and worked verdicts): the start is
@@ -383,14 +393,14 @@ class Judge:
             return None if margins else "view"
         if len(margins) < len(self.views) and (not margins or min(margins) >= (asked if why == SMALL_EDIT else bar)):
             return "view"
-        if why == SMALL_EDIT and asked <= min(margins) < bar and seen.rewording is None:
+        if why == SMALL_EDIT and min(margins) >= asked and seen.rewording is None:
             return "rewording"
         return None
 
     @staticmethod
     def _verdict(seen: _Seen, asked: float, bar: float, why: str | None) -> JudgeVerdict:
         margin = min(seen.margins)
-        rewording = seen.rewording if why == SMALL_EDIT and asked <= margin < bar else None
+        rewording = seen.rewording if why == SMALL_EDIT and margin >= asked else None
         return JudgeVerdict(
             margin, bar, 0.0, cached=True, clear_yes=why, rewording=rewording, numerals=seen.numerals
         )  # fmt: skip

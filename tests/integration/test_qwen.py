@@ -250,6 +250,22 @@ def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_real_rewording_chec
     assert judge.rewording(shirts, shirts.replace("half price", "half off")) == reworded.rewording
 
 
+def test_numbers_written_in_words_are_read_back_by_the_real_model(qwen):
+    judge = qwen.routing.judge(qwen.config)[0]
+    eggs = "A box holds 3 eggs. How many eggs are in 4 boxes?"
+    written = judge(eggs, eggs.replace("3 eggs", "three eggs"), answer="12 eggs", threshold=DEFAULT_THRESHOLD)
+    assert written.numerals is True and written.passed, written.reason
+    assert "its numbers in words read as the entry's digits" in written.reason
+    # another number, an ordinal, or a word more in the phrase does not read back as the entry's
+    for changed in ("four eggs", "three large eggs", "at least three eggs"):
+        assert not judge.numerals(eggs, eggs.replace("3 eggs", changed)), changed
+    runners = "Who were the 3 fastest runners in the race?"
+    assert not judge.numerals(runners, runners.replace("3", "third"))
+    # a reading does not depend on what the judge's cells held before
+    judge.view_margin(0, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer)
+    assert judge.numerals(eggs, eggs.replace("3 eggs", "three eggs"))
+
+
 def test_the_next_judge_restores_the_saved_prompt_starts_bitwise(qwen):
     judge = qwen.routing.judge(qwen.config)[0]
     margins = [judge.view_margin(i, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer) for i in range(len(VIEWS))]

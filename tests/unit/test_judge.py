@@ -23,7 +23,7 @@ from kvgraft_plugin._judge import (
     pair_threshold,
 )
 from kvgraft_plugin._judge_starts import JudgeStarts
-from kvgraft_plugin._rewording import REWORDING_THRESHOLD, edited
+from kvgraft_plugin._rewording import REWORDING_THRESHOLD, REWORDING_VETO, edited
 from kvgraft_plugin._router import (
     DEFAULT_GUARDS,
     JUDGED_GUARDS,
@@ -342,6 +342,19 @@ def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_rewording_check():
     assert judge("What is 17 times 23?", "Compute 17 * 23.", threshold=-100.0).rewording is None  # no small edit
     # behind the word guards (vouched) nothing is read again
     assert judge(problem, "Is 9 an odd number, please, please?", vouched=True).rewording is None
+
+
+def test_a_clear_yes_on_a_small_edit_is_refused_when_the_rewording_check_reads_a_changed_problem():
+    judge = Judge(FakeBackend(), threshold=-10.0)
+    problem = "A train leaves at 8:15 and arrives at 10:45. How long is the trip?"
+    changed = judge(problem, problem.replace("the trip", "the return trip"))  # the fake reads no "please"
+    assert changed.clear_yes == SMALL_EDIT and changed.margin >= CLOSE_MARGIN
+    assert changed.rewording is not None and changed.rewording < REWORDING_VETO and changed.vetoed
+    assert not changed.passed and "read as a changed problem" in changed.reason
+    kept = judge(problem, problem.replace("the trip", "the trip, please"))
+    assert kept.margin >= CLOSE_MARGIN and kept.rewording >= REWORDING_VETO and kept.passed and not kept.vetoed
+    # a pair that is not a small edit is never read again
+    assert judge(problem, "How long does a train from 8:15 to 10:45 take?").rewording is None
 
 
 def test_a_question_that_writes_the_entry_s_numbers_in_words_passes_when_they_read_back():
