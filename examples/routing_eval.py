@@ -100,24 +100,22 @@ class RecordingJudge:
         return float(self._record(entry, question)["margin"])
 
     def rewording(self, entry: Any, question: str) -> float:
-        record = self._record(entry, question)
-        if record.get("rewording") is None:
-            if self.judge is None:
-                raise SystemExit("a rewording score is missing from --margins and no --judge is given")
-            t0 = time.perf_counter()
-            record["rewording"] = self.judge.rewording(entry.problem, question)
-            self.ms.append((time.perf_counter() - t0) * 1e3)
-        return float(record["rewording"])
+        return float(self._scored(entry, question, "rewording"))
 
     def numerals(self, entry: Any, question: str) -> bool:
+        return bool(self._scored(entry, question, "numerals"))
+
+    def _scored(self, entry: Any, question: str, name: str) -> Any:
+        """The pair's recorded ``name`` (a score beyond its margin), computed by the judge's method of that name
+        when absent."""
         record = self._record(entry, question)
-        if record.get("numerals") is None:
+        if record.get(name) is None:
             if self.judge is None:
-                raise SystemExit("a numerals reading is missing from --margins and no --judge is given")
+                raise SystemExit(f"a {name} score is missing from --margins and no --judge is given")
             t0 = time.perf_counter()
-            record["numerals"] = self.judge.numerals(entry.problem, question)
+            record[name] = getattr(self.judge, name)(entry.problem, question)
             self.ms.append((time.perf_counter() - t0) * 1e3)
-        return bool(record["numerals"])
+        return record[name]
 
     def _record(self, entry: Any, question: str) -> dict[str, Any]:
         key = json.dumps([entry.problem, question], ensure_ascii=False)

@@ -59,8 +59,7 @@ class Alias:
     added: str
     """When it was approved (ISO 8601, UTC)."""
     rewording: float | None = None
-    """The rewording check's score, for a small edit it passed short of a clear Yes
-    (`kvgraft_plugin._rewording`)."""
+    """The rewording check's score, for a small edit it read (`kvgraft_plugin._rewording`)."""
     numerals: bool | None = None
     """Whether the numbers the question writes in words read as the entry's (`kvgraft_plugin._numerals`), for a
     question that changes nothing else."""

@@ -73,8 +73,9 @@ VETO_THRESHOLD = -3.0
 #: edit of it, and needs a margin of at least `CLOSE_MARGIN`: a clear Yes. The judge overlooks small edits
 #: ("highest" for "lowest", "not including" for "including", "CO" for "CO2"). Chosen on examples/edits-dev
 #: and the domains sets, where at -1.0 it refused 12 near-misses for 7 paraphrases (none on the domains
-#: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing.md). A small edit the
-#: judge leaves between the threshold and a clear Yes is read again as a rewording (`kvgraft_plugin._rewording`).
+#: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing.md). Every small edit
+#: whose margin clears the threshold is read again as a rewording (`kvgraft_plugin._rewording`): that passes one
+#: short of a clear Yes, or refuses one with a clear Yes.
 CLOSE_KEPT = 0.7
 CLOSE_MARGIN = 0.0
 #: What needs a clear Yes (`clear_yes`), and what reads a small edit again (`kvgraft_plugin._rewording`,
@@ -83,8 +84,8 @@ CLEAR_YES_RULES = (
     "small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD, REWORDING_VETO,
     NUMERALS_PROMPT,
 )  # fmt: skip
-#: `clear_yes`'s reason for a small edit: one the judge leaves short of a clear Yes is read again as a
-#: rewording (`kvgraft_plugin._rewording`).
+#: `clear_yes`'s reason for a small edit: one whose margin clears the threshold is read again as a rewording
+#: (`kvgraft_plugin._rewording`).
 SMALL_EDIT = "a small edit of the entry"
 
 
@@ -288,9 +289,9 @@ class Judge:
     Each pair is asked in every view (`VIEWS`), one prompt each; its margin is the smallest. A small edit of
     the entry that the views leave between the threshold and a clear Yes is read again by the rewording check
     (`kvgraft_plugin._rewording`), which decides it; one they give a clear Yes is read too, and refused when
-    the check reads a changed problem. A question that only writes the entry's numbers in words
-    passes when the model reads them back as the entry's (`kvgraft_plugin._numerals`; one view is asked still,
-    for the margin on record).
+    the check reads a changed problem. A question that only writes the entry's numbers in words passes when
+    the model reads them back as the entry's (`kvgraft_plugin._numerals`; one view is still asked, for the
+    margin on record).
     The prompts of a view begin with the same start (its instruction and worked verdicts): the start is
     prefilled once and its cells are saved as a state (in ``starts`` too, when given, for the next judge),
     and a prompt of another start than the one in the cells restores that start's state first. A restored

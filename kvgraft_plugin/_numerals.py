@@ -34,8 +34,7 @@ NUMERALS_SYSTEM = (
     "phrase only."
 )
 #: (a phrase with a number in words, the phrase with it in digits): written for the check, in no test set,
-#: lower-cased and without punctuation like the phrases read (`kvgraft_plugin._shape.tokens`). An ordinal
-#: keeps its ending.
+#: lower-cased like the phrases read (`kvgraft_plugin._shape.tokens`). An ordinal keeps its ending.
 _SHOTS: tuple[tuple[str, str], ...] = (
     ("holds forty-two litres", "holds 42 litres"),
     ("fährt dreihundertfünf kilometer", "fährt 305 kilometer"),
