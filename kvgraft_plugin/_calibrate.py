@@ -143,7 +143,7 @@ def calibrate_judge(
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
                     if written_numbers(entry.problem, q["question"]):
                         numerals = judged[0].numerals(entry.problem, q["question"])
-                    elif clear == SMALL_EDIT:
+                    if not numerals and clear == SMALL_EDIT:  # as the judge reads a pair (`Judge._missing`)
                         rewording = judged[0].rewording(entry.problem, q["question"])
                 cands.append((entry_id, score, refusal, margin, clear, rewording, numerals))
             out.append((q.get("expect_entry"), cands))
