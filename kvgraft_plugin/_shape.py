@@ -15,7 +15,7 @@ import sys
 import unicodedata
 from functools import lru_cache
 
-__all__ = ["Operation", "Swap", "kept", "operations", "swap", "tokens", "unspaced"]
+__all__ = ["Operation", "Swap", "carried", "kept", "operations", "swap", "tokens", "unspaced"]
 
 
 def _marks() -> str:
@@ -38,6 +38,8 @@ _TOKEN = re.compile(rf"\d+(?:[.,:]\d+)*|[^\W\d_](?:[^\W\d_]|[{_marks()}])*|[^\w\
 _UNSPACED = ("CJK", "HIRAGANA", "KATAKANA")
 #: Longest span of an exchange (in tokens): a longer one is a moved clause, which keeps the meaning.
 MAX_SPAN = 4
+#: Most tokens between the two items of a list (`carried`): "and", "m, a", "goals and", "kişi, Ali'den".
+MAX_JOIN = 3
 
 
 def unspaced(token: str) -> bool:
@@ -85,6 +87,13 @@ def swap(first: str, second: str) -> Swap | None:
     "5 + 8") are not an exchange here: whether that word's operation commutes is a matter of words, which
     the numbers guard (operation words) or the judge reads. Unless the word follows both numbers: that is a
     list of quantities ("1,75 m, 1,62 m" for "1,62 m, 1,75 m"), whose values changed places."""
+    found = _swap(first, second)
+    return found[:2] if found is not None else None
+
+
+@lru_cache(maxsize=4096)
+def _swap(first: str, second: str) -> tuple[str, str, int] | None:
+    """`swap`'s exchange with the number of tokens between its spans."""
     a, b = tokens(first), tokens(second)
     if len(a) != len(b) or a == b:
         return None
@@ -96,8 +105,31 @@ def swap(first: str, second: str) -> Swap | None:
             found = _exchange(a[lo:hi], b[lo:hi])
             if found is not None:
                 listed = hi < len(a) and found[2] == 1 and a[hi] == a[lo + 1]
-                return None if _operands(found, first, second) and not listed else found[:2]
+                return None if _operands(found, first, second) and not listed else found
     return None
+
+
+def carried(first: str, second: str) -> bool:
+    """``second`` is ``first`` with two listed items in the other order (`swap`'s exchange, its spans at most
+    `MAX_JOIN` tokens apart), each span holding a number and a word of its own, one whose first three letters
+    no word of the other span shares: "8 kWh by day and 5 kWh at night", "Dawid 128 m, a Piotr 133,5 m",
+    "120 sheep and 80 goats". Each value moved with the words that say what it is, so no word took another
+    role; whether the order of the list matters ("from 20 kg in May to 30 kg in June") is for a judge to read.
+    Values that moved without their names ("152 cm, Sari 1,48 m" between Rina and Sari) are carried too and
+    left to the judge; "18 гривень" and "12,50 гривні" (one unit, two inflections) are not carried, nor are
+    spans in two clauses ("born on 29 September 1990. How old are they on 15 June")."""
+    found = _swap(first, second)
+    if found is None or found[2] > MAX_JOIN:
+        return False
+    spans = [span.split() for span in found[:2]]
+    if not all(_numeric(tuple(span)) for span in spans):
+        return False
+    a, b = ([t for t in span if not t[0].isdigit()] for span in spans)
+    return _own_word(a, b) and _own_word(b, a)
+
+
+def _own_word(span: list[str], other: list[str]) -> bool:
+    return any(all(word[:3] != theirs[:3] for theirs in other) for word in span)
 
 
 def _operands(found: tuple[str, str, int], first: str, second: str) -> bool:

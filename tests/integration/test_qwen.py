@@ -30,6 +30,7 @@ from kvgraft_plugin._judge_check import check_judge
 from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
 from kvgraft_plugin._paths import cache_root
 from kvgraft_plugin._rewording import REWORDING_THRESHOLD
+from kvgraft_plugin._router import Candidate, judged_swap_guard, swap_guard
 from kvgraft_plugin.cli import main
 
 NAME = "qwen2.5-coder-1.5b-instruct"
@@ -248,6 +249,18 @@ def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_real_rewording_chec
     # the score is the model's, computed again bitwise, whatever the judge's cells held before
     judge.view_margin(0, BOIL.problem, BOIL_NEAR_MISS, BOIL.answer)
     assert judge.rewording(shirts, shirts.replace("half price", "half off")) == reworded.rewording
+
+
+def test_listed_items_moved_with_their_words_are_left_to_the_real_judge(qwen):
+    # from the held-out examples/edits-b: the two measurements listed in the other order, each with its words
+    bmi = "A patient weighs 80 kg and is 1.60 m tall. What is the patient's BMI?"
+    moved = "A patient is 1.60 m tall and weighs 80 kg. What is the patient's BMI?"
+    candidate = Candidate(moved, Entry("medicine/bmi", bmi, "BMI = 80 / 1.60² = 31.25 kg/m²."), 0.9, None)
+    assert swap_guard(candidate) is not None and judged_swap_guard(candidate) is None  # refused without a judge
+    # the judge gives the small edit a clear Yes (measured +1.26) and the rewording check reads it as one (+0.83)
+    judge = qwen.routing.judge(qwen.config)[0]
+    verdict = judge(bmi, moved, answer="31.25 kg/m²", threshold=DEFAULT_THRESHOLD)
+    assert verdict.passed and verdict.margin >= CLOSE_MARGIN and verdict.rewording >= 0, verdict.reason
 
 
 def test_numbers_written_in_words_are_read_back_by_the_real_model(qwen):

@@ -13,6 +13,7 @@ from kvgraft_plugin._router import (
     Router,
     asked_guard,
     code_guard,
+    judged_swap_guard,
     negation_guard,
     numbers_guard,
     operators_guard,
@@ -188,6 +189,35 @@ GUARD_CASES = {
             ("What is 5/8 of 40?", "What is 8/5 of 40?"),
         ],
     ),
+    judged_swap_guard: (
+        [
+            (
+                "A farm keeps 80 goats and 120 sheep. What share are sheep?",
+                "A farm keeps 120 sheep and 80 goats. What share are sheep?",
+            ),
+            (
+                "Kamil skoczył 131,5 m, Piotr 133,5 m, a Dawid 128 m.",
+                "Kamil skoczył 131,5 m, Dawid 128 m, a Piotr 133,5 m.",
+            ),
+            ("Is Lyon to the south of Paris?", "Is Lyon to the south of Paris?"),
+        ],
+        [
+            ("Is Paris to the south of Lyon?", "Is Lyon to the south of Paris?"),  # no numbers
+            ("A box 9 cm wide and 4 cm tall: how tall is it?", "A box 4 cm wide and 9 cm tall: how tall is it?"),
+            (
+                "Noon in Lima (UTC−5) is what time in Oslo (UTC+1)?",
+                "Noon in Oslo (UTC+1) is what time in Lima (UTC−5)?",
+            ),
+            (
+                "Born on 15 June 1990, how old on 29 September 2025?",
+                "Born on 29 September 1990, how old on 15 June 2025?",
+            ),
+            (
+                "Оля купила 4 зошити по 12,50 гривні та ручку за 18 гривень.",
+                "Оля купила 4 зошити по 18 гривень та ручку за 12,50 гривні.",
+            ),
+        ],
+    ),
     operators_guard: (
         [
             ("Solve 3y + 4 = 19 for y.", "Find y when 3y + 4 = 19."),
@@ -252,7 +282,7 @@ def test_guard(guard, question, problem, passes):
 
 
 def test_every_default_guard_has_cases():
-    assert {g for _, g in DEFAULT_GUARDS} == set(GUARD_CASES)
+    assert {g for _, g in DEFAULT_GUARDS} | {judged_swap_guard} == set(GUARD_CASES)
 
 
 def test_signature_reads_numbers_in_every_form():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgraft_plugin._shape import operations, swap, tokens
+from kvgraft_plugin._shape import carried, operations, swap, tokens
 
 
 def test_tokens_split_unspaced_scripts_into_characters_and_drop_punctuation():
@@ -53,6 +53,26 @@ def test_swap_names_the_exchanged_spans(first, second, exchanged):
 )
 def test_swap_is_none_without_an_exchange_of_like_spans(first, second):
     assert swap(first, second) is None
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "moved"),
+    [
+        ("It uses 8 kWh by day and 5 kWh at night.", "It uses 5 kWh at night and 8 kWh by day.", True),
+        ("A team scored 47 goals and conceded 32.", "A team conceded 32 goals and scored 47.", True),
+        ("Rina 152 cm, Sari 1,48 m.", "Rina 1,48 m, Sari 152 cm.", True),  # moved without names: the judge reads it
+        ("Rina 152 cm, Sari 148 cm.", "Rina 148 cm, Sari 152 cm.", False),  # values alone
+        ("A call at 9:00 in Rome (UTC+1), in Quito (UTC−5)?", "A call at 9:00 in Quito (UTC−5), in Rome (UTC+1)?",
+         True),  # the order matters here, and only the judge reads that
+        ("Noon in Oslo (UTC+1) is what time in Lima (UTC−5)?", "Noon in Lima (UTC−5) is what time in Oslo (UTC+1)?",
+         False),  # two clauses apart
+        ("Is Lyon to the south of Paris?", "Is Paris to the south of Lyon?", False),  # no numbers
+        ("по 18 гривень та ручку за 12,50 гривні", "по 12,50 гривні та ручку за 18 гривень", False),  # one unit
+        ("It uses 8 kWh by day.", "It uses 8 kWh by day.", False),  # nothing moved
+    ],
+)  # fmt: skip
+def test_carried_reads_listed_items_that_moved_with_their_own_words(first, second, moved):
+    assert carried(first, second) is moved
 
 
 def test_operations_read_operators_between_numbers_only():
