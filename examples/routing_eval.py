@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
 from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
-from kvgraft_plugin._judge import VETO_THRESHOLD, JudgeVerdict, pair_bar, reads_rewording  # noqa: E402
+from kvgraft_plugin._judge import SMALL_EDIT, VETO_THRESHOLD, JudgeVerdict, pair_bar  # noqa: E402
 from kvgraft_plugin._numerals import written_numbers  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
@@ -85,7 +85,7 @@ class RecordingJudge:
         rewording, numerals = None, None
         if written_numbers(entry.problem, question):
             numerals = self.numerals(entry, question)
-        if not numerals and reads_rewording(why, margin, self.threshold):
+        if not numerals and why == SMALL_EDIT and margin >= self.threshold:
             rewording = self.rewording(entry, question)
         return JudgeVerdict(
             margin, threshold, 0.0, cached=True, clear_yes=why, rewording=rewording, numerals=numerals

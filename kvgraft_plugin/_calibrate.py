@@ -14,7 +14,7 @@ from typing import Any
 
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
-from ._judge import CLOSE_MARGIN, MOVED, SMALL_EDIT, clear_yes
+from ._judge import CLOSE_MARGIN, SMALL_EDIT, clear_yes
 from ._numerals import written_numbers
 from ._rewording import REWORDING_THRESHOLD, REWORDING_VETO
 
@@ -93,11 +93,10 @@ def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
             continue
         if numerals:
             return entry_id
-        reworded = rewording is not None and rewording >= REWORDING_THRESHOLD
-        if reworded and (judged >= margin or clear == MOVED):  # moved items: the check decides (`MOVED`)
-            return entry_id
         if judged < margin:
             continue
+        if rewording is not None and rewording >= REWORDING_THRESHOLD:
+            return entry_id
         if (clear is None or judged >= CLOSE_MARGIN) and not (rewording is not None and rewording < REWORDING_VETO):
             return entry_id
     return None
@@ -121,7 +120,7 @@ def calibrate_judge(
     choice). A pair that needs a clear Yes (`kvgraft_plugin._judge.clear_yes`) needs `CLOSE_MARGIN` at least,
     as when routing, unless the word guards of ``profile="math"`` passed it, or it is a small edit that the
     rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit, and refusing one read as
-    a changed problem even with a clear Yes; listed items in another order, `MOVED`, pass it at any margin), or
+    a changed problem even with a clear Yes), or
     the entry with its numbers written in words that read back as its own (`kvgraft_plugin._numerals`)."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
@@ -144,7 +143,7 @@ def calibrate_judge(
                     margin = judged[0].margin(entry.problem, q["question"], entry.answer)
                     if written_numbers(entry.problem, q["question"]):
                         numerals = judged[0].numerals(entry.problem, q["question"])
-                    if not numerals and clear in (SMALL_EDIT, MOVED):  # as the judge reads it (`Judge._missing`)
+                    if not numerals and clear == SMALL_EDIT:  # as the judge reads a pair (`Judge._missing`)
                         rewording = judged[0].rewording(entry.problem, q["question"])
                 cands.append((entry_id, score, refusal, margin, clear, rewording, numerals))
             out.append((q.get("expect_entry"), cands))

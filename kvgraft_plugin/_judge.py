@@ -33,7 +33,7 @@ from ._models import file_sha256, model_name_of, resolve_model
 from ._numerals import NUMERALS_PROMPT, numerals_turns, written_numbers
 from ._paths import cache_root
 from ._rewording import CHANGE, KEEP, REWORDING_PROMPT, REWORDING_THRESHOLD, REWORDING_VETO, edited, log_likelihood
-from ._shape import carried, kept
+from ._shape import kept
 from ._signature import unpaired_numbers
 from ._template import _SLOT, _segments
 
@@ -44,7 +44,6 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "JUDGE_N_CTX",
     "JUDGE_PROMPT",
-    "MOVED",
     "SMALL_EDIT",
     "VETO_THRESHOLD",
     "VIEWS",
@@ -55,7 +54,6 @@ __all__ = [
     "open_judge",
     "pair_bar",
     "pair_threshold",
-    "reads_rewording",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,17 +82,11 @@ CLOSE_MARGIN = 0.0
 #: `kvgraft_plugin._numerals`), for the keys of cached verdicts that depend on them.
 CLEAR_YES_RULES = (
     "small edit", CLOSE_KEPT, CLOSE_MARGIN, "one-sided numbers", REWORDING_PROMPT, REWORDING_THRESHOLD, REWORDING_VETO,
-    NUMERALS_PROMPT, "moved items read as a rewording",
+    NUMERALS_PROMPT,
 )  # fmt: skip
 #: `clear_yes`'s reason for a small edit: one whose margin clears the threshold is read again as a rewording
 #: (`kvgraft_plugin._rewording`).
 SMALL_EDIT = "a small edit of the entry"
-#: `clear_yes`'s reason for two listed items that moved with their own words (`kvgraft_plugin._shape.carried`):
-#: the rewording check reads it whatever its margin. The judge reads a new order as a changed problem, in
-#: English too ("A team conceded 32 goals and scored 47": -1.25), and the check does not: of the example sets'
-#: 11 such paraphrases it scored 7 at +1.30 or more (2 more have a clear Yes), and the one near-miss -1.29
-#: (docs/routing.md).
-MOVED = "listed items in another order"
 
 
 def clear_yes(problem: str, question: str) -> str | None:
@@ -102,10 +94,7 @@ def clear_yes(problem: str, question: str) -> str | None:
     ``None``: it is a small edit of the problem (it keeps `CLOSE_KEPT` of its tokens in order and changes
     some), or it adds numbers to the problem's or leaves some out (`unpaired_numbers`; one replaced is
     refused before the judge). The judge overlooks both: on the tuning sets, at -1.0, one-sided numbers let
-    8 of 102 near-misses through, and at 0 one (docs/routing.md). Two listed items that moved with their own
-    words are `MOVED`, which the rewording check decides."""
-    if carried(problem, question):
-        return MOVED
+    8 of 102 near-misses through, and at 0 one (docs/routing.md)."""
     if CLOSE_KEPT <= kept(problem, question) < 1.0:
         return SMALL_EDIT
     if any(unpaired_numbers(problem, question)):
@@ -119,13 +108,6 @@ def pair_bar(problem: str, question: str, threshold: float, *, vouched: bool = F
     ``vouched`` for (they read its small edits and numbers: ``profile="math"``) keeps ``threshold``."""
     why = clear_yes(problem, question) if threshold < CLOSE_MARGIN and not vouched else None
     return (CLOSE_MARGIN, why) if why is not None else (threshold, None)
-
-
-def reads_rewording(why: str | None, margin: float, threshold: float) -> bool:
-    """Whether the rewording check reads a pair that `clear_yes` gave ``why``: a small edit whose ``margin``
-    clears ``threshold`` (the check may pass it short of a clear Yes, or refuse it with one), or listed items
-    in another order, at any margin."""
-    return why == MOVED or (why == SMALL_EDIT and margin >= threshold)
 
 
 def pair_threshold(problem: str, question: str, threshold: float, *, vouched: bool = False) -> float:
@@ -410,17 +392,16 @@ class Judge:
             return "numerals"
         if seen.numerals:
             return None if margins else "view"
-        reread = why in (SMALL_EDIT, MOVED)  # the rewording check may pass it short of the bar
-        if len(margins) < len(self.views) and (not margins or min(margins) >= (asked if reread else bar)):
+        if len(margins) < len(self.views) and (not margins or min(margins) >= (asked if why == SMALL_EDIT else bar)):
             return "view"
-        if seen.rewording is None and reads_rewording(why, min(margins), asked):
+        if why == SMALL_EDIT and min(margins) >= asked and seen.rewording is None:
             return "rewording"
         return None
 
     @staticmethod
     def _verdict(seen: _Seen, asked: float, bar: float, why: str | None) -> JudgeVerdict:
         margin = min(seen.margins)
-        rewording = seen.rewording if reads_rewording(why, margin, asked) else None
+        rewording = seen.rewording if why == SMALL_EDIT and margin >= asked else None
         return JudgeVerdict(
             margin, bar, 0.0, cached=True, clear_yes=why, rewording=rewording, numerals=seen.numerals
         )  # fmt: skip

@@ -21,7 +21,6 @@ from kvgraft_plugin._judge import (
     CLOSE_MARGIN,
     DEFAULT_THRESHOLD,
     JUDGE_PROMPT,
-    MOVED,
     SMALL_EDIT,
     VETO_THRESHOLD,
     VIEWS,
@@ -262,12 +261,6 @@ def test_listed_items_moved_with_their_words_are_left_to_the_real_judge(qwen):
     judge = qwen.routing.judge(qwen.config)[0]
     verdict = judge(bmi, moved, answer="31.25 kg/m²", threshold=DEFAULT_THRESHOLD)
     assert verdict.passed and verdict.margin >= CLOSE_MARGIN and verdict.rewording >= 0, verdict.reason
-    # the judge reads this new order as a changed problem (measured -1.25), the rewording check does not (+1.74)
-    goals = "A team scored 47 goals and conceded 32. What is its goal difference?"
-    swapped = "A team conceded 32 goals and scored 47. What is its goal difference?"
-    verdict = judge(goals, swapped, answer="+15", threshold=DEFAULT_THRESHOLD)
-    assert verdict.clear_yes == MOVED and verdict.margin < DEFAULT_THRESHOLD, verdict.reason
-    assert verdict.passed and verdict.rewording >= REWORDING_THRESHOLD, verdict.reason
 
 
 def test_numbers_written_in_words_are_read_back_by_the_real_model(qwen):

@@ -15,7 +15,6 @@ from kvgraft_plugin._exceptions import ConfigError, ContextOverflowError
 from kvgraft_plugin._judge import (
     CLOSE_KEPT,
     CLOSE_MARGIN,
-    MOVED,
     SMALL_EDIT,
     VIEWS,
     Judge,
@@ -343,26 +342,6 @@ def test_a_small_edit_short_of_a_clear_yes_is_decided_by_the_rewording_check():
     assert judge("What is 17 times 23?", "Compute 17 * 23.", threshold=-100.0).rewording is None  # no small edit
     # behind the word guards (vouched) nothing is read again
     assert judge(problem, "Is 9 an odd number, please, please?", vouched=True).rewording is None
-
-
-def test_listed_items_in_another_order_are_decided_by_the_rewording_check_at_any_margin():
-    judge = Judge(FakeBackend(), threshold=-1.0)
-    problem, moved = "Al 1 ab and Bo 2 ba, please?", "Bo 2 ba and Al 1 ab, please?"  # few letters: a low margin
-    assert clear_yes(problem, moved) == MOVED
-    verdict = judge(problem, moved)
-    assert verdict.margin < -1.0 and verdict.rewording >= REWORDING_THRESHOLD and verdict.passed
-    assert "read as a rewording" in verdict.reason
-    # the fake's rewrite prompts read no rewording without "please"
-    refused = judge(problem.replace(", please", ""), moved.replace(", please", ""))
-    assert refused.rewording is not None and refused.rewording < REWORDING_THRESHOLD and not refused.passed
-    # a small edit below the threshold is not read again: only moved items are
-    edit = judge(problem, problem.replace("and", "and so"))
-    assert edit.clear_yes == SMALL_EDIT and edit.margin < -1.0 and edit.rewording is None and not edit.passed
-    # calibration reads them the same way: passed at any cut when the check passes them, never otherwise
-    passed = [("farm", [("farm", 0.9, None, -3.0, MOVED, REWORDING_THRESHOLD, None)])]
-    assert _judge_point(passed, 2.0).right == 1 and _judge_point(passed, -3.0).right == 1
-    changed = [(None, [("farm", 0.9, None, 1.0, MOVED, REWORDING_THRESHOLD - 0.5, None)])]
-    assert _judge_point(changed, -3.0).wrong == 1 and _judge_point(changed, 2.0).wrong == 0
 
 
 def test_a_clear_yes_on_a_small_edit_is_refused_when_the_rewording_check_reads_a_changed_problem():
