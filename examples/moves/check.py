@@ -3,6 +3,7 @@
 
 Usage: python3 examples/moves/check.py   (exits 1 on any problem)
 """
+
 import collections
 import json
 import os
@@ -113,8 +114,10 @@ for dom in DOMAINS:
             if q["question"] == prob:
                 err(f"{qid}: identical to its entry")
             if digits(q["question"]) != digits(prob):
-                err(f"{qid}: numbers {sorted(digits(q['question']).elements())} "
-                    f"!= entry's {sorted(digits(prob).elements())}")
+                err(
+                    f"{qid}: numbers {sorted(digits(q['question']).elements())} "
+                    f"!= entry's {sorted(digits(prob).elements())}"
+                )
             if words(q["question"]) != words(prob):
                 diff = (words(q["question"]) - words(prob)) + (words(prob) - words(q["question"]))
                 err(f"{qid}: words differ from entry beyond order: {dict(diff)}")
@@ -143,8 +146,9 @@ for dom in DOMAINS:
         err(f"{dom}: kinds {dict(kinds)}, want {want_kinds}")
 
     # --- script and normalisation -------------------------------------------
-    texts = [e[k] for e in lib for k in ("problem", "solution", "answer")] + \
-            [q[k] for q in qs for k in ("question", "answer") if isinstance(q.get(k), str)]
+    texts = [e[k] for e in lib for k in ("problem", "solution", "answer")] + [
+        q[k] for q in qs for k in ("question", "answer") if isinstance(q.get(k), str)
+    ]
     for t in texts:
         if unicodedata.normalize("NFC", t) != t:
             err(f"{dom}: not NFC: {t[:40]!r}")
