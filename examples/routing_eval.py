@@ -66,7 +66,9 @@ def sets(names: list[str]) -> list[tuple[str, Path, list[Path]]]:
             out += [(f"code/{q}", code / "library.jsonl", [code / f"{q}.jsonl"]) for q in ("routing", "heldout")]
         else:
             folder = Path(name)
-            out.append((folder.name, folder / "library.jsonl", [folder / "queries.jsonl"]))
+            out.append(
+                (f"{folder.resolve().parent.name}/{folder.name}", folder / "library.jsonl", [folder / "queries.jsonl"])
+            )
     return out
 
 

@@ -201,6 +201,12 @@ _WORD_NUMBER = re.compile(
     r"|(" + "|".join(sorted((w for w, v in _NUMBER_WORDS.items() if v < 20), key=len, reverse=True)) + r"))\b"
 )
 _NUMBER = re.compile(r"(?<![a-z0-9_.])(-?)(\d+(?:,\d{3})*(?:\.\d+)?)(?:st|nd|rd|th)?(?![\d])")
+#: "one and a half", "2 and a half": the number and 0.5 ("half" alone is read as the 2 it divides by).
+_AND_A_HALF = re.compile(
+    r"(?<![a-z0-9_.,])("
+    + "|".join(sorted([*_NUMBER_WORDS, *_ONES], key=len, reverse=True))
+    + r"|\d+(?:,\d{3})*) and a half\b"
+)
 #: 1.5e8, 1.5e-3, 3.0 x 10^8, 3.0 × 10^8: one number each.
 _SCIENTIFIC = re.compile(r"(?<![a-z0-9_.])(-?)(\d+(?:\.\d+)?)(?:e([-+]?\d+)|\s*[x×*]\s*10\^([-+]?\d+))(?![\d])")
 #: A power written on a unit (cm^3, m/s^2) belongs to that word: "cm^3" is "cm³", not "cm and 3".
@@ -321,6 +327,10 @@ def _stem(word: str) -> str:
     return _SYNONYMS.get(word, word)
 
 
+def _half_past(number: str) -> float:
+    return float(number.replace(",", "")) + 0.5 if number[0].isdigit() else {**_ONES, **_NUMBER_WORDS}[number] + 0.5
+
+
 def _numbers_and_rest(text: str) -> tuple[dict[str, float], str]:
     """Pull every number out of lower-cased ``text``: return the text with each replaced by a marker
     ``#<letters>`` (so that the word after it can be bound to it as its unit), and each marker's value."""
@@ -332,6 +342,7 @@ def _numbers_and_rest(text: str) -> tuple[dict[str, float], str]:
         return f" {mark} "
 
     text = _HEX.sub(lambda m: take((-1 if m.group(1) else 1) * int(m.group(2), 16)), text)
+    text = _AND_A_HALF.sub(lambda m: take(_half_past(m.group(1))), text)
     text = _WORD_NUMBER.sub(
         lambda m: take(
             _NUMBER_WORDS[m.group(3)] if m.group(3) else _NUMBER_WORDS[m.group(1)] + _ONES.get(m.group(2) or "", 0)

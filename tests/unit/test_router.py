@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from kvgraft_plugin._router import (
     asked_guard,
     code_guard,
     judged_swap_guard,
+    language_guard,
     negation_guard,
     numbers_guard,
     operators_guard,
@@ -24,7 +27,7 @@ from kvgraft_plugin._router import (
     terms_guard,
     units_guard,
 )
-from kvgraft_plugin._signature import signature
+from kvgraft_plugin._signature import signature, unpaired_numbers
 from kvgraft_plugin._template import Entry
 
 
@@ -59,6 +62,22 @@ GUARD_CASES = {
             ("17乘以23等于多少？", "What is 17 times 23?"),
             ("What is 17 times 23?", "17加23等于多少？"),  # the entry's side too
             ("What is the force on a 5 Ω resistor?", "What is the force on a 5 Ω resistor?"),
+        ],
+    ),
+    language_guard: (
+        [
+            ("What is 17 times 23?", "What is 17 times 23?"),
+            ("Quick one: 48 × 36 = ?", "Calculate 48 times 36."),  # the English texts farthest from English
+            ("Convert 98.6 °F to kelvin.", "Calculate 2^20."),
+        ],
+        [
+            (
+                "Dari 40 butir telur yang dibeli, 15% pecah. Berapa butir telur yang pecah?",
+                "Dari 40 butir telur yang dibeli, 15% pecah. Berapa butir telur yang tidak pecah?",
+            ),  # fmt: skip
+            ("Từ 1 đến 50 có bao nhiêu số tự nhiên chia hết cho 3?", "From 1 to 50, how many are divisible by 3?"),
+            ("How many integers below 50 are prime?", "Wie viele Zahlen unter 50 sind Primzahlen?"),  # the entry's side
+            ("rettangolo 12 per 5 cm, area?", "What is the area of a 12 by 5 cm rectangle?"),
         ],
     ),
     prefix_guard: (
@@ -292,6 +311,15 @@ def test_signature_reads_numbers_in_every_form():
     assert signature("What is sixty-seven times 0xFF, the 15th?").numbers == (67.0, 255.0, 15.0)
     assert "mul" in signature("What is 89 x 47?").key_terms
     assert signature("What is 7!").key_terms == {"factorial"}
+
+
+def test_a_number_and_a_half_is_read_as_one_number():
+    # "half" alone divides by 2; after a number and "and a", it is that number's half (edits-e energy-paraphrase-8).
+    assert signature("It charges for one and a half hours.").numbers == (1.5,)
+    assert signature("twenty and a half kg, 7 and a half m, 1,000 and a half").numbers == (20.5, 7.5, 1000.5)
+    assert unpaired_numbers("It takes 1.5 hours.", "It takes one and a half hours.") == (Counter(), Counter())
+    assert signature("Cut it in half.").numbers == (2.0,)
+    assert signature("Half of 12 and a half").numbers == (12.5, 2.0)
 
 
 class FakeIndex:
