@@ -147,10 +147,10 @@ def language_guard(c: Candidate) -> str | None:
 
 #: Words that turn a statement around: a question that adds or drops one ("... below 50 are prime?" against
 #: "... are not prime?") asks another problem whatever its other words. English, and the Latin-script languages
-#: of the held-out sets (French, German, Spanish); other scripts are refused by `script_guard` before this
-#: runs. Quantifiers ("all", "every", "each", "only") were measured and left out: on the math sets they
-#: refused 12 true paraphrases ("Sum the integers 1 through 100" against "the sum of all integers...") and
-#: no near-miss that another guard let through.
+#: of the held-out sets (French, German, Spanish), for guard lists without `language_guard`, which refuses
+#: those languages first (as `script_guard` does other scripts). Quantifiers ("all", "every", "each", "only")
+#: were measured and left out: on the math sets they refused 12 true paraphrases ("Sum the integers 1 through
+#: 100" against "the sum of all integers...") and no near-miss that another guard let through.
 NEGATIONS: frozenset[str] = frozenset(
     """not no never none nothing nobody neither nor without cannot
     ne pas jamais aucun aucune sans ni nicht kein keine keinen keinem keiner nie niemals ohne weder
