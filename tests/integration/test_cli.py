@@ -73,7 +73,7 @@ def test_ask_json_contract(cli_library):
     assert out["decode"] == "lookup" and out["decode_ms"] > 0 and 0 <= out["accepted_tokens"] <= out["drafted_tokens"]
     assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
     assert [v["guard"] for v in out["match"]] == ["threshold", *(name for name, _ in DEFAULT_GUARDS)]
-    assert [v["guard"] for v in out["match"][5:7]] == ["swap", "operators"]  # the shape guards, after "prefix"
+    assert [v["guard"] for v in out["match"][6:8]] == ["swap", "operators"]  # the shape guards, after "prefix"
     assert all(v["passed"] and v["entry_id"] == "mul" for v in out["match"])
 
 
