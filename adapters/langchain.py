@@ -268,7 +268,7 @@ class _KVGraftMixin(_EngineMixin):
     """The judge's margin a match needs (default: the library's calibrated one)."""
     judge_mode: Literal["inline", "async"] | None = None
     """``async``: an unjudged candidate is not waited for; it is judged when the engine is idle and an approval
-    becomes an alias of the entry (default ``inline``)."""
+    becomes an alias of the entry (default ``async``)."""
     temperature: float | None = None
     """0 (default) is greedy; above 0 samples with ``seed``."""
     top_k: int | None = None

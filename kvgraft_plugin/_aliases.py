@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ._judge import JudgeVerdict
 
-__all__ = ["Alias", "DeferredJudge", "alias_key", "parse_aliases"]
+__all__ = ["Alias", "DeferredJudge", "alias_key", "parse_aliases", "parse_revoked"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,23 @@ def parse_aliases(data: Any, entry_ids: Mapping[str, Any]) -> dict[str, Alias]:
     return out
 
 
+def parse_revoked(data: Any) -> dict[str, str]:
+    """The manifest's ``revoked`` list (``[{"question", "entry_id"}]``) as `alias_key` -> entry id; a malformed
+    one raises ``ValueError``."""
+    if data is None:
+        return {}
+    if not isinstance(data, list):
+        raise ValueError("'revoked' must be a list")
+    out: dict[str, str] = {}
+    for item in data:
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
+            raise ValueError(f"malformed revocation {item!r}")
+        if not isinstance(item.get("entry_id"), str):
+            raise ValueError(f"malformed revocation {item!r}")
+        out[alias_key(item["question"])] = item["entry_id"]
+    return out
+
+
 def _optional_bool(value: Any) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise ValueError(f"expected true, false or null, got {value!r}")
@@ -175,6 +192,10 @@ class DeferredJudge:
     def pending(self) -> int:
         """Pairs waiting for a verdict."""
         return len(self._pending)
+
+    def clear(self) -> None:
+        """Forget the waiting pairs (their judge may not approve any)."""
+        self._pending.clear()
 
     def judge_next(self, *, model: str, prompt: str, entry_sha256: Callable[[Any], str]) -> Alias | None:
         """Judge the oldest waiting pair now (on the caller's thread: the engine's worker); an `Alias` if it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,11 +141,12 @@ class EngineConfig:
     judge_threshold: float | None = None
     """The judge's margin a candidate needs. ``None``: the library's calibrated one for that judge and
     profile, else `kvgraft_plugin._judge.DEFAULT_THRESHOLD` (`VETO_THRESHOLD` with ``profile="math"``)."""
-    judge_mode: Literal["inline", "async"] = "inline"
-    """``inline``: a candidate waits for the judge's verdict (about a second on 2 cores). ``async``: a pair the
-    judge has not seen is refused at once (the request goes on without it) and judged when the engine is idle;
-    an approved pair becomes an alias of the entry, stored in the library, which the same question then grafts
-    with no judgement (`kvgraft_plugin._aliases`)."""
+    judge_mode: Literal["inline", "async"] = "async"
+    """``async`` (the default): no model judgement on the request's path. A pair the judge has not read is
+    decided at once by the word guards (refused when ``guards`` is off) and judged when the engine is idle;
+    from then on the judge's verdict decides it, and an approval becomes an alias of the entry, stored in the
+    library (`kvgraft_plugin._aliases`). ``inline``: a candidate waits for the judge's verdict (4-9 s per
+    paraphrase with Qwen2.5-Coder-1.5B on 2 cores)."""
     profile: Literal["none", "math"] | None = None
     """With a judge: ``math`` routes with the English word guards (terms, units, relations, asked quantity),
     and the judge only vetoes what they pass, at `kvgraft_plugin._judge.VETO_THRESHOLD` unless a threshold is
@@ -192,6 +194,12 @@ class EngineConfig:
         check_threshold(self.threshold)
         if self.margin is not None and not 0.0 <= self.margin <= 2.0:
             raise ConfigError(f"margin must be within [0, 2], got {self.margin}")
+        if self.judge_threshold is not None and (
+            isinstance(self.judge_threshold, bool)
+            or not isinstance(self.judge_threshold, (int, float))
+            or math.isnan(self.judge_threshold)
+        ):
+            raise ConfigError(f"judge_threshold must be a number, got {self.judge_threshold!r}")
         if self.judge_mode not in ("inline", "async"):
             raise ConfigError(f"judge_mode must be 'inline' or 'async', got {self.judge_mode!r}")
         if self.profile not in (None, "none", "math"):

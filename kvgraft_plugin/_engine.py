@@ -104,7 +104,11 @@ class GraftEngine:
         self.state_cache = state_cache if state_cache is not None else RamStateCache(self.config.cache_bytes)
         self._closed = False
         self._key = load_key(self.config.key_file) if self.config.key_file else None
+        self.routing.key = self._key
         self._judging, self._judging_lock = False, threading.Lock()  # a deferred judgement is queued
+        self.judge_when_idle = True
+        """Judge deferred pairs (``judge_mode="async"``) whenever the worker is idle; False leaves them to
+        `judge_deferred` (``kvgraft ask --queries`` judges them after the last question)."""
         self._worker = Worker()
         try:
             self.model_sha256 = file_sha256(self.backend.model_path)
@@ -331,14 +335,16 @@ class GraftEngine:
             elif self._worker.on_thread:
                 raise ConfigError("a request made while another is decoding cannot join its batch: use max_batch=1")
             else:
-                yield from self._scheduler.stream(request, config, cancel)
+                # an inline judge would stall every sequence decoding beside this one: it judges when idle
+                batched = config.replace(judge_mode="async") if config.judge_mode == "inline" else config
+                yield from self._scheduler.stream(request, batched, cancel)
         finally:
             self._judge_when_idle()
 
     def _judge_when_idle(self) -> None:
         """Queue the deferred judgements (``judge_mode="async"``) for when no request is waiting, one at a time."""
         with self._judging_lock:
-            if self._judging or self._closed or not self.routing.pending:
+            if self._judging or self._closed or not self.judge_when_idle or not self.routing.pending:
                 return
             self._judging = True
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ._aliases import Alias, parse_aliases
+from ._aliases import Alias, parse_aliases, parse_revoked
 from ._exceptions import (
     ConfigError,
     EntryNotFoundError,
@@ -402,6 +402,9 @@ class Library:
     entries: dict[str, EntryRecord] = field(default_factory=dict)
     aliases: dict[str, Alias] = field(default_factory=dict)
     """Questions a judge approved as an entry's problem (`kvgraft_plugin._aliases`), by `alias_key`."""
+    revoked: dict[str, str] = field(default_factory=dict)
+    """Questions (by `alias_key`) a user revoked, with the entry they were revoked from: that entry never
+    grafts for them again, and a judge's later approval of the pair is not stored, until `allow_aliases`."""
     trusted: bool = True
     """False when a key is configured and the signature is missing or wrong: nothing from it is used."""
     untrusted_reason: str = ""
@@ -512,6 +515,7 @@ class Library:
                 chat_template=_optional_text(data.get("chat_template"), "chat_template"),
                 entries=entries,
                 aliases=parse_aliases(data.get("aliases"), entries),
+                revoked=parse_revoked(data.get("revoked")),
                 trusted=trusted,
                 untrusted_reason=reason,
                 store=store,
@@ -538,7 +542,9 @@ class Library:
             **({"chat_template": self.chat_template} if self.chat_template is not None else {}),
             "entries": {k: self.entries[k].to_json() for k in sorted(self.entries)},
             **({"aliases": [self.aliases[k].to_json() for k in sorted(self.aliases)]} if self.aliases else {}),
-        }
+            **({"revoked": [{"question": k, "entry_id": v} for k, v in sorted(self.revoked.items())]}
+               if self.revoked else {}),
+        }  # fmt: skip
 
     @property
     def threshold(self) -> float | None:
@@ -575,6 +581,9 @@ class Library:
         the aliases added, written and, if it was signed, signed again with ``key``. They are added to this
         object in any case; False when nothing could be written: a signed library and no ``key`` (an unsigned
         write would make it untrusted to every reader with the key), or a build holds the lock."""
+        aliases = [a for a in aliases if self.revoked.get(a.key) != a.entry_id]
+        if not aliases:
+            return False
         for alias in aliases:
             self.aliases[alias.key] = alias
         if (self.path / SIGNATURE).is_file() and key is None:
@@ -583,7 +592,13 @@ class Library:
         try:
             with self.lock():
                 fresh = self._reread(key)
-                fresh.aliases.update({a.key: a for a in aliases if a.entry_id in fresh.entries})
+                fresh.aliases.update(
+                    {
+                        a.key: a
+                        for a in aliases
+                        if a.entry_id in fresh.entries and fresh.revoked.get(a.key) != a.entry_id
+                    }
+                )
                 fresh.save(key=key)
         except LibraryError as exc:
             logger.warning("the new aliases of %s are kept in memory only: %s", self.location, exc)
@@ -591,13 +606,35 @@ class Library:
         return True
 
     def revoke_aliases(self, keys: Sequence[str], *, key: bytes | None = None) -> list[Alias]:
-        """Remove the aliases matched by ``keys`` (`alias_key` texts) and save (signed again with ``key``);
-        the removed ones."""
+        """Remove the aliases matched by ``keys`` (`alias_key` texts), remember each revocation (`revoked`)
+        and save (signed again with ``key``); the removed ones."""
         removed = [self.aliases.pop(k) for k in keys if k in self.aliases]
         if removed:
+            self.revoked.update({a.key: a.entry_id for a in removed})
             with self.lock():
                 self.save(key=key)
         return removed
+
+    def allow_aliases(self, keys: Sequence[str], *, key: bytes | None = None) -> list[str]:
+        """Forget the revocations of ``keys`` (a user re-approves the pairs for a judge) and save; the keys
+        that were revoked."""
+        allowed = [k for k in keys if self.revoked.pop(k, None) is not None]
+        if allowed:
+            with self.lock():
+                self.save(key=key)
+        return allowed
+
+    def read_aliases(self, key: bytes | None = None) -> tuple[dict[str, Alias], dict[str, str]] | None:
+        """The aliases and revocations its folder's manifest holds now (another process may have changed them),
+        or ``None`` when that manifest is not this library's any more (untrusted, unreadable, or other entries:
+        a rebuild, which `kvgraft_plugin._routing.LibraryRouting.reload` reads)."""
+        try:
+            fresh = self._open_folder(self.store, key)
+        except KVGraftError:
+            return None
+        if not fresh.trusted or fresh.entries.keys() != self.entries.keys():
+            return None
+        return fresh.aliases, fresh.revoked
 
     def _reread(self, key: bytes | None) -> Library:
         """This library as its store holds it now."""

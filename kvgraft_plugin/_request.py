@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +99,13 @@ def request_config(config: EngineConfig, routing: Mapping[str, Any] | None) -> E
     unknown = set(routing) - ROUTING_SETTINGS
     if unknown:
         raise ConfigError(f"not a per-request routing setting: {sorted(unknown)} (allowed: {sorted(ROUTING_SETTINGS)})")
+    judge = routing.get("judge_model")
+    if judge not in (None, "off", config.judge_model):
+        # each judge is a model in memory: a request picks the engine's or none, never opens another
+        raise ConfigError(f"a request's judge_model is 'off' or the engine's ({config.judge_model!r}), got {judge!r}")
+    threshold = routing.get("judge_threshold")
+    if isinstance(threshold, float) and math.isinf(threshold):
+        raise ConfigError(f"a request's judge_threshold must be finite, got {threshold!r}")
     return config.with_settings(**routing)
 
 

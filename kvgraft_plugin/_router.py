@@ -1,4 +1,13 @@
-"""Routing: embed -> search -> guards -> `Match` or `NoMatch`, with the reason of every guard.
+"""Routing: a question's text -> `Match` or `NoMatch`, with the reason of every step.
+
+The decision, in the order a question meets it (`Router.route`):
+
+1. **Recorded**: the question is an entry's own problem (exact text after `alias_key`'s normalisation, in any
+   script), or an alias a judge approved; an alias is held to the settings in force (`Router._alias`).
+2. **Shortlist**: the index's neighbours above the similarity threshold, best first.
+3. **Structural vetoes**, then the **verdict**: the judge's when it is known (inline: asked now; async: read
+   once the engine was idle), else the word guards' on first sight.
+4. The user's ``match_check`` on whatever would graft.
 
 A graft is right only when the query asks **the same problem** as the entry; a similar problem with
 another answer must not graft (it would copy the entry's verified answer, fast and wrong). Cosine
@@ -26,7 +35,7 @@ import numpy as np
 
 from ._aliases import Alias, alias_key
 from ._config import import_callable
-from ._judge import JudgeVerdict
+from ._judge import DEFAULT_THRESHOLD, JudgeVerdict
 from ._language import ENGLISH_GAP, english_gap
 from ._shape import carried, operations, swap, tokens
 from ._signature import ORDERED, Signature, signature, unpaired_numbers
@@ -398,8 +407,15 @@ class Router:
         judge: optional same-problem judge, run after the guards and the margin, before ``match_check``; its
             time is the ``judge`` phase.
         aliases: questions a judge approved (`kvgraft_plugin._aliases`), by `alias_key`: one of them is that
-            entry's match at once, with no search and no judgement. The mapping is read at each route, so an
-            alias added to it routes from the next question on.
+            entry's match with no search and no judgement, if it still holds under the settings in force
+            (`_alias`). The mapping is read at each route, so an alias added to it routes from the next
+            question on.
+        judge_threshold: the judge margin in force: an alias approved below it no longer grafts.
+        revoked: questions (by `alias_key`) a user revoked, with the entry they were revoked from: that entry
+            never grafts for them, whatever a judge or the word guards say. Read at each route.
+        first_sight: what decides a candidate whose deferred judgement (``judge_mode="async"``) is not known
+            yet: these guards (the word guards; ``()``: the guards before the judge already were), or ``None``:
+            it is refused until the judge has read it.
     """
 
     def __init__(
@@ -415,23 +431,30 @@ class Router:
         match_check: MatchCheck | None = None,
         judge: JudgeFn | None = None,
         aliases: Mapping[str, Alias] | None = None,
+        judge_threshold: float = DEFAULT_THRESHOLD,
+        revoked: Mapping[str, str] | None = None,
+        first_sight: Sequence[tuple[str, Guard]] | None = None,
     ) -> None:
         self._embed, self._search, self._entries = embed, search, entries
         self.threshold, self.margin, self.neighbors = threshold, margin, neighbors
         self.guards = tuple(guards)
         self.match_check, self.judge = match_check, judge
         self.aliases: Mapping[str, Alias] = aliases if aliases is not None else {}
+        self.judge_threshold = judge_threshold
+        self.revoked: Mapping[str, str] = revoked if revoked is not None else {}
+        self.first_sight = None if first_sight is None else tuple(first_sight)
+        self._exact = {alias_key(entry.problem): entry_id for entry_id, entry in sorted(entries.items())}
 
     def route(self, question: str) -> Match | NoMatch:
-        """An approved alias of ``question``, else the first candidate, best first, that clears the threshold,
-        the margin and every guard."""
-        alias = self.aliases.get(alias_key(question)) if self.aliases else None
-        if alias is not None and alias.entry_id in self._entries:
-            return Match(alias.entry_id, alias.score, (GuardVerdict("alias", alias.entry_id, True, alias.reason),))
+        """The entry ``question`` is recorded as (its own problem, or an alias that holds), else the first
+        candidate, best first, that clears the threshold, the margin, the vetoes and the verdict."""
+        trail: list[GuardVerdict] = []
+        recorded = self._recorded(question, trail)
+        if recorded is not None:
+            return recorded
         hits, phases, empty = self._candidates(question)
         if empty is not None:
-            return NoMatch(empty, phases_ms=phases)
-        trail: list[GuardVerdict] = []
+            return NoMatch(empty, trail=tuple(trail), phases_ms=phases)
         best_id, best = hits[0]
         if best < self.threshold:
             reason = f"best score {best:.3f} < threshold {self.threshold:.3f}"
@@ -444,6 +467,52 @@ class Router:
                 return Match(entry_id, score, tuple(trail), phases)
             first_refusal = first_refusal or f"{entry_id} (score {score:.3f}): {refusal}"
         return NoMatch(first_refusal or "no candidate", best, tuple(trail), phases)
+
+    def _recorded(self, question: str, trail: list[GuardVerdict]) -> Match | None:
+        """``question``'s recorded match: the entry whose problem it is (exact text, any script: no guard could
+        refuse the same words), or its alias if the alias holds; refusals of an alias go to ``trail``."""
+        key = alias_key(question)
+        entry_id = self._exact.get(key)
+        if entry_id is not None and self.revoked.get(key) != entry_id:
+            trail.append(GuardVerdict("exact", entry_id, True, "the entry's own problem"))
+            if self._hook_refuses(question, entry_id, 1.0, trail):
+                return None
+            return Match(entry_id, 1.0, tuple(trail))
+        alias = self.aliases.get(key)
+        if alias is None or alias.entry_id not in self._entries:
+            return None
+        refusal = self._alias(alias, question)
+        trail.append(GuardVerdict("alias", alias.entry_id, refusal is None, refusal or alias.reason))
+        if refusal is not None or self._hook_refuses(question, alias.entry_id, alias.score, trail):
+            return None
+        return Match(alias.entry_id, alias.score, tuple(trail))
+
+    def _alias(self, alias: Alias, question: str) -> str | None:
+        """Why ``alias`` no longer grafts under the settings in force (``None``: it does). An alias is a verdict
+        on record, not a bypass: the entry was revoked for it, its similarity is below the threshold, the judge
+        would not pass it at today's judge threshold, or a structural veto refuses it."""
+        if self.revoked.get(alias.key) == alias.entry_id:
+            return "revoked for this entry"
+        if alias.score < self.threshold:
+            return f"its similarity {alias.score:.3f} < threshold {self.threshold:.3f}"
+        verdict = JudgeVerdict(
+            alias.margin, self.judge_threshold, 0.0, cached=True, rewording=alias.rewording, numerals=alias.numerals
+        )  # fmt: skip
+        if not verdict.passed:
+            return f"approved at margin {alias.margin:+.2f}, below the judge threshold {self.judge_threshold:+.2f}"
+        c = Candidate(question, self._entries[alias.entry_id], alias.score, None)
+        for name, guard in JUDGED_GUARDS:
+            reason = guard(c)
+            if reason is not None:
+                return f"{name}: {reason}"
+        return None
+
+    def _hook_refuses(self, question: str, entry_id: str, score: float, trail: list[GuardVerdict]) -> bool:
+        """Whether the user's ``match_check`` refuses the match (recorded in ``trail``)."""
+        if self.match_check is None or self.match_check(question, self._entries[entry_id], score):
+            return False
+        trail.append(GuardVerdict("match_check", entry_id, False, "refused by match_check"))
+        return True
 
     def explain(self, question: str) -> list[tuple[str, float, str | None]]:
         """Every one of the ``neighbors`` neighbours with its score and what the guards said (``None``: passed),
@@ -505,6 +574,9 @@ class Router:
         where those guards let none through, and refused 25 of 26 renamed functions
         (docs/routing.md)."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
+        if self.revoked.get(alias_key(c.question)) == c.entry.id:
+            trail.append(GuardVerdict("revoked", c.entry.id, False, "a user revoked this question for this entry"))
+            return trail[-1]
         guards, judge = self.guards, self.judge
         if judge is not None and guards and c.problem.function_prompt and c.query.function_prompt:
             guards, judge = DEFAULT_GUARDS, None
@@ -520,10 +592,17 @@ class Router:
         if judge is not None:
             verdict = judge(c.entry, c.question, c.score)
             phases["judge"] = phases.get("judge", 0.0) + verdict.ms
-            trail.append(GuardVerdict("judge", c.entry.id, verdict.passed, verdict.reason))
-            if not verdict.passed:
-                return trail[-1]
-        if self.match_check is not None and not self.match_check(c.question, c.entry, c.score):
-            trail.append(GuardVerdict("match_check", c.entry.id, False, "refused by match_check"))
+            if verdict.deferred and self.first_sight is not None:
+                trail.append(GuardVerdict("judge", c.entry.id, True, verdict.reason + "; the word guards decide now"))
+                for name, guard in self.first_sight:
+                    reason = guard(c)
+                    trail.append(GuardVerdict(name, c.entry.id, reason is None, reason))
+                    if reason is not None:
+                        return trail[-1]
+            else:
+                trail.append(GuardVerdict("judge", c.entry.id, verdict.passed, verdict.reason))
+                if not verdict.passed:
+                    return trail[-1]
+        if self._hook_refuses(c.question, c.entry.id, c.score, trail):
             return trail[-1]
         return None

@@ -7,6 +7,8 @@ binds it to one library. The engine calls it on its worker thread only (torch an
 from __future__ import annotations
 
 import logging
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +16,15 @@ import numpy as np
 
 from ._aliases import Alias, DeferredJudge
 from ._config import EngineConfig
-from ._exceptions import LibraryError, ModelError
+from ._exceptions import ConfigError, KVGraftError, LibraryError
 from ._index import SINGLE_ENTRY_THRESHOLD, Embedder, Hit, VectorIndex, open_index
 from ._judge import DEFAULT_THRESHOLD, JUDGE_PROMPT, VETO_THRESHOLD, Judge, JudgeVerdict, open_judge
-from ._judge_check import check_judge
+from ._judge_check import JudgeCheck, check_judge
 from ._library import Library, source_sha256
 from ._paths import cache_root
 from ._router import DEFAULT_GUARDS, JUDGED_GUARDS, JudgeFn, Router, load_match_check
 from ._signature import signature
+from ._store import MANIFEST
 from ._template import Entry
 
 __all__ = ["LibraryRouting"]
@@ -51,6 +54,19 @@ class LibraryRouting:
         self._deferred: dict[tuple[str, float, bool], DeferredJudge] = {}
         self.aliases: dict[str, Alias] = _live_aliases(library)
         """The library's aliases whose entry still has the text that was judged; every router reads it."""
+        self.revoked: dict[str, str] = dict(library.revoked) if library is not None else {}
+        """The questions a user revoked, with their entry (`Library.revoked`); every router reads it."""
+        self._refreshed, self._stamp = 0.0, self._manifest_stamp()
+        self.key: bytes | None = None
+        """The library's HMAC key, if one is configured: a changed manifest is read with it (`refresh`)."""
+        self._checks: dict[tuple[str, float], JudgeCheck] = {}  # the named judges' checks
+
+    def _manifest_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            stat = (self.library.path / MANIFEST).stat()  # type: ignore[union-attr]
+        except (AttributeError, OSError):
+            return None
+        return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
 
     @property
     def embedder(self) -> Embedder:
@@ -86,6 +102,9 @@ class LibraryRouting:
         self._function_prompts = None
         self.aliases.clear()
         self.aliases.update(_live_aliases(self.library))
+        self.revoked.clear()
+        self.revoked.update(self.library.revoked if self.library is not None else {})
+        self._stamp = self._manifest_stamp()
 
     def close(self) -> None:
         """Free the judges' models."""
@@ -113,13 +132,16 @@ class LibraryRouting:
         index, library = self.index, self.library
         if index is None or library is None:
             return None
+        self.refresh()
         threshold, margin = self.threshold(config), self.margin(config)
         judged = self.judge(config)
+        judge_threshold = judged[1] if judged is not None else self.judge_threshold(config)
         key = (threshold, margin, config.neighbors, config.guards, config.match_check, judged and judged[1:],
-               config.judge_mode)  # fmt: skip
+               config.judge_mode, judge_threshold)  # fmt: skip
         router = self._routers.get(key)
         if router is None:
-            guards = DEFAULT_GUARDS if judged is None or judged[2] == "math" else JUDGED_GUARDS
+            words = judged is None or judged[2] == "math"
+            guards = DEFAULT_GUARDS if words else JUDGED_GUARDS
             router = self._routers[key] = Router(
                 self.embedder.encode,
                 lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
@@ -131,8 +153,38 @@ class LibraryRouting:
                 match_check=load_match_check(config.match_check),
                 judge=None if judged is None else self._judge_fn(*judged[:2], config.judge_mode, judged[2] == "math"),
                 aliases=self.aliases,
+                judge_threshold=judge_threshold,
+                revoked=self.revoked,
+                first_sight=None if not config.guards else () if words else DEFAULT_GUARDS,
             )
         return router
+
+    def refresh(self) -> None:
+        """Read the library's aliases and revocations again if its manifest changed on disk since they were read
+        (another process approved or revoked some), at most once a second: a server sees them without a
+        restart. A manifest that cannot be read now keeps what was read before."""
+        library = self.library
+        if library is None or time.monotonic() - self._refreshed < 1.0:
+            return
+        self._refreshed = time.monotonic()
+        try:
+            stat = (library.path / MANIFEST).stat()
+        except OSError:
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if self._stamp is None or stamp == self._stamp:
+            self._stamp = stamp
+            return
+        self._stamp = stamp
+        fresh = library.read_aliases(self.key)
+        if fresh is None:
+            logger.warning("the changed manifest of %s is not read for its aliases", library.location)
+            return
+        library.aliases, library.revoked = fresh
+        self.revoked.clear()
+        self.revoked.update(library.revoked)
+        self.aliases.clear()
+        self.aliases.update(_live_aliases(library))
 
     def _judge_fn(self, judge: Judge, threshold: float, mode: str, vouched: bool) -> JudgeFn:
         """What the router asks: ``judge`` itself (``inline``), or a `DeferredJudge` over it (``async``);
@@ -145,7 +197,11 @@ class LibraryRouting:
             return deferred
 
         def inline(entry: Entry, question: str, score: float) -> JudgeVerdict:
-            return judge(entry.problem, question, answer=entry.answer, threshold=threshold, vouched=vouched)
+            try:
+                return judge(entry.problem, question, answer=entry.answer, threshold=threshold, vouched=vouched)
+            except KVGraftError as exc:  # a judge that fails mid-request refuses; the request goes on without it
+                logger.warning("the judge %s failed: %s", judge.model_id, exc)
+                return JudgeVerdict(math.nan, threshold, 0.0, cached=False, error=f"the judge failed ({exc})")
 
         return inline
 
@@ -157,14 +213,34 @@ class LibraryRouting:
     def judge_deferred(self, key: bytes | None = None) -> Alias | None:
         """Judge one waiting pair now (on the worker); an approved one becomes an alias, routed from the next
         question on and stored in the library (signed again with ``key``; see `Library.add_aliases`)."""
-        for (model, *_), deferred in self._deferred.items():
+        for (model, threshold, _), deferred in self._deferred.items():
             if deferred.pending:
+                if not self._may_approve(deferred.judge, threshold):
+                    deferred.clear()
+                    continue
                 alias = deferred.judge_next(model=model, prompt=JUDGE_PROMPT, entry_sha256=source_sha256)
                 if alias is not None and self.library is not None:
                     self.aliases[alias.key] = alias
                     self.library.add_aliases([alias], key=key)
                 return alias
         return None
+
+    def _may_approve(self, judge: Any, threshold: float) -> bool:
+        """Whether ``judge`` may write aliases at ``threshold``: the library's calibrated judge may (its
+        calibration measured it), and the served model passed its check before it was used; any other named
+        judge is checked once (`check_judge`, cached per runtime), and one that fails writes nothing."""
+        model = next((name for name, opened in self._judges.items() if opened is judge), None)
+        recorded = self.library.routing.get("judge") if self.library is not None else None
+        if isinstance(recorded, dict) and recorded.get("model") == model and recorded.get("prompt") == JUDGE_PROMPT:
+            return True
+        if model is None or (self.served is not None and model == str(self.served)):
+            return model is not None
+        check = self._checks.get((model, threshold))
+        if check is None:
+            check = self._checks[(model, threshold)] = check_judge(judge, threshold, cache_root() / "judge")
+            if not check.passed:
+                logger.warning("%s: its approvals are not stored as aliases", check.reason)
+        return check.passed
 
     def judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
         """The judge in force for ``config``: (judge, margin threshold, profile), or ``None``.
@@ -185,19 +261,34 @@ class LibraryRouting:
         if judge is None:
             try:
                 judge = self._judges[model] = open_judge(model, n_threads=config.llama.n_threads)
-            except ModelError as exc:
-                if config.judge_model:
+            except KVGraftError as exc:
+                if config.judge_model and isinstance(exc, ConfigError):
                     raise
                 self._unavailable.add(model)
-                logger.warning("the library's judge %s is not available (%s): routing without a judge", model, exc)
+                logger.warning("the judge %s cannot be opened (%s): routing without a judge", model, exc)
                 return None
-        same = recorded.get("model") == model and recorded.get("prompt") == JUDGE_PROMPT
+        threshold, profile = self._judge_setting(config, model)
+        return judge, threshold, profile
+
+    def judge_threshold(self, config: EngineConfig) -> float:
+        """The judge margin in force for ``config``, whether or not a judge is opened: what an alias must have
+        been approved at to graft."""
+        recorded = self.library.routing.get("judge") if self.library is not None else None
+        model = config.judge_model or (recorded.get("model") if isinstance(recorded, dict) else None)
+        return self._judge_setting(config, model)[0]
+
+    def _judge_setting(self, config: EngineConfig, model: str | None) -> tuple[float, str]:
+        """(margin threshold, profile) for judge ``model``: the config's, else the library's calibration of
+        that model and prompt, else the profile's default."""
+        recorded = self.library.routing.get("judge") if self.library is not None else None
+        recorded = recorded if isinstance(recorded, dict) else {}
+        same = model is not None and recorded.get("model") == model and recorded.get("prompt") == JUDGE_PROMPT
         profile = config.profile or (recorded.get("profile") if same else None) or "none"
         threshold = config.judge_threshold
         if threshold is None:
             calibrated = same and "threshold" in recorded and (recorded.get("profile") or "none") == profile
             threshold = float(recorded["threshold"]) if calibrated else _default_threshold(profile)
-        return judge, threshold, profile
+        return threshold, profile
 
     def _served_judge(self, config: EngineConfig) -> tuple[Judge, float, str] | None:
         """The served model as its own judge, when it is an instruct model that passes the judge check

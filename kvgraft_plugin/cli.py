@@ -90,8 +90,8 @@ def routing_options(func: F) -> F:
         click.option(
             "--judge-mode",
             type=click.Choice(["inline", "async"]),
-            help="inline: wait for the judge; async: answer without an unjudged entry now, judge it when idle, "
-            "and store an approval as an alias (`kvgraft aliases`). Default inline.",
+            help="async (default): a pair the judge has not read is decided now by the word guards and judged "
+            "when idle; an approval becomes an alias (`kvgraft aliases`). inline: wait for the judge.",
         ),
         click.option(
             "--profile",
@@ -418,6 +418,7 @@ def ask(
     if entry_id is not None and library is not None:
         Library.open(library, cache_dir=options.get("cache_dir")).get(entry_id)
     with _engine(library, options, max_tokens=max_tokens) as engine:
+        engine.judge_when_idle = False  # no judgement between questions: each is answered at first-sight speed
         for row in rows:
             try:
                 result = engine.ask(row["question"], mode=mode, entry_id=entry_id)
@@ -442,6 +443,19 @@ def ask(
                     f"({result.decode}{drafts}), ttft {result.ttft_ms:.0f} ms]",
                     err=True,
                 )
+        _judge_after(engine)
+
+
+def _judge_after(engine: Any) -> None:
+    """Judge the pairs deferred while answering (``judge_mode="async"``), after the last answer, and say so on
+    stderr: an approval is an alias the next run grafts."""
+    pending = engine.routing.pending
+    if not pending:
+        return
+    click.echo(f"judging {pending} deferred pair(s) after the last answer...", err=True)
+    t0 = time.perf_counter()
+    approved = engine.judge_deferred()
+    click.echo(f"{len(approved)} of {pending} approved as aliases ({time.perf_counter() - t0:.1f} s)", err=True)
 
 
 @main.command()
@@ -1003,6 +1017,12 @@ def sign(library: str, cache_dir: str | None, key_file: str) -> None:
 @click.option("--revoke", multiple=True, metavar="QUESTION", help="Remove the alias of this question (repeatable).")
 @click.option("--revoke-entry", multiple=True, metavar="ID", help="Remove every alias of this entry (repeatable).")
 @click.option(
+    "--allow",
+    multiple=True,
+    metavar="QUESTION",
+    help="Forget a revocation: a judge may approve this question again (repeatable).",
+)
+@click.option(
     "--key-file",
     type=click.Path(exists=True, dir_okay=False),
     envvar="KVGRAFT_KEY_FILE",
@@ -1014,10 +1034,12 @@ def aliases(
     cache_dir: str | None,
     revoke: tuple[str, ...],
     revoke_entry: tuple[str, ...],
+    allow: tuple[str, ...],
     key_file: str | None,
     as_json: bool,
 ) -> None:
-    """List the questions a judge approved as an entry's problem (`--judge-mode async`), or revoke some."""
+    """List the questions a judge approved as an entry's problem, or revoke some (a revocation is remembered:
+    that entry never grafts for the question again until `--allow`)."""
     from ._aliases import alias_key
     from ._library import Library, load_key
 
@@ -1029,11 +1051,19 @@ def aliases(
     unknown = [q for q, k in zip(revoke, keys) if k not in lib.aliases]
     if unknown:
         raise click.ClickException(f"no alias for {unknown[0]!r} in {lib.location}")
+    missing = [e for e in revoke_entry if e not in lib.entries]
+    if missing:
+        raise click.ClickException(f"no entry {missing[0]!r} in {lib.location}")
     keys += [k for k, a in lib.aliases.items() if a.entry_id in revoke_entry]
+    allowed = [alias_key(q) for q in allow]
+    not_revoked = [q for q, k in zip(allow, allowed) if k not in lib.revoked]
+    if not_revoked:
+        raise click.ClickException(f"{not_revoked[0]!r} is not revoked in {lib.location}")
     signed = (lib.path / "manifest.sig").is_file()
-    if keys and signed and key is None:
-        raise click.ClickException(f"{lib.location} is signed: pass --key-file to sign it again after the revoke")
+    if (keys or allowed) and signed and key is None:
+        raise click.ClickException(f"{lib.location} is signed: pass --key-file to sign it again after the change")
     revoked = lib.revoke_aliases(keys, key=key)
+    lib.allow_aliases(allowed, key=key)
     rows = [lib.aliases[k].to_json() for k in sorted(lib.aliases)]
     if as_json:
         click.echo(json.dumps({"aliases": rows, "revoked": [a.to_json() for a in revoked]}, ensure_ascii=False))

@@ -18,6 +18,7 @@ from kvgraft_plugin import GraftEngine, Library, _routing
 from kvgraft_plugin._aliases import Alias, DeferredJudge, alias_key, parse_aliases
 from kvgraft_plugin._build import build_library
 from kvgraft_plugin._judge import JudgeVerdict
+from kvgraft_plugin._judge_check import CHECK_PAIRS, JudgeCheck
 from kvgraft_plugin._worker import Worker
 from kvgraft_plugin.cli import main
 
@@ -40,6 +41,14 @@ class FakeJudge:
 
         self.backend = _Closed()
 
+    def check(self, threshold: float) -> JudgeCheck:
+        """The judge check's result: passed, unless ``fails_check`` is set."""
+        same = sum(pair[3] for pair in CHECK_PAIRS)
+        near_miss = 9.0 if self.fails_check else -9.0
+        return JudgeCheck(self.model_id, threshold, (9.0,) * same, (near_miss,) * (len(CHECK_PAIRS) - same))
+
+    fails_check = False
+
     def known(self, problem: str, question: str, answer: str | None, threshold: float, *, vouched: bool = False):
         margin = self._cache.get((problem, question))
         return None if margin is None else JudgeVerdict(margin, threshold, 0.0, cached=True)
@@ -60,8 +69,9 @@ def served(tmp_path, monkeypatch):
     engines: list[GraftEngine] = []
 
     def open_engine(library, judge: FakeJudge | None = None, **settings) -> GraftEngine:
-        if judge is not None:  # the judge model, as `open_judge` would load it
+        if judge is not None:  # the judge model, as `open_judge` would load it, and its check (passed unless set)
             monkeypatch.setattr(_routing, "open_judge", lambda model, **_: judge)
+            monkeypatch.setattr(_routing, "check_judge", lambda judge, threshold, folder: judge.check(threshold))
         engine = GraftEngine(
             library, backend=ScriptedBackend(model, b"391."), embedder=BagOfWords(), n_threads=1, decode="step",
             threshold=0.1, **({"judge_model": judge.model_id, "judge_threshold": 1.0} if judge else {}), **settings,
@@ -81,8 +91,10 @@ def test_async_judging_answers_at_once_then_the_approval_is_an_alias_in_the_libr
     judge = FakeJudge({PARAPHRASE: 3.0, NEAR_MISS: -2.0})
     engine = open_engine(lib, judge, judge_mode="async")
     first = engine.ask(PARAPHRASE, max_tokens=4, stop=[])
-    assert first.route == "plain" and "deferred" in first.fallback_reason
-    assert {"guard": "judge", "entry_id": "mul", "passed": False, "reason": DEFERRED} in first.match
+    # on first sight the word guards decide (they refuse this paraphrase); the judge reads it when idle
+    assert first.route == "plain" and "the query mentions" in first.fallback_reason
+    first_sight = DEFERRED + "; the word guards decide now"
+    assert {"guard": "judge", "entry_id": "mul", "passed": True, "reason": first_sight} in first.match
     assert first.phases_ms["judge"] == 0.0  # nothing was judged on the request's path
 
     engine.judge_deferred()  # what the idle worker has not judged yet

@@ -71,7 +71,7 @@ def test_the_served_model_is_opened_as_a_judge_only_when_it_may_be_asked(monkeyp
     opened: list[Path] = []
     monkeypatch.setattr(_routing, "open_judge", lambda path, **_: opened.append(path) or ScriptedJudge(2.0, -3.0))
     stub = Entry("rle", 'def rle(text):\n    """Encode runs as char+count."""', "    ...")
-    library = SimpleNamespace(routing={}, aliases={}, entries={"rle": SimpleNamespace(entry=stub)})
+    library = SimpleNamespace(routing={}, aliases={}, revoked={}, entries={"rle": SimpleNamespace(entry=stub)})
     served = Path("served.gguf")
     # only function prompts: the router never asks a judge about those, so none is opened
     assert _routing.LibraryRouting(library, "minilm", served=served).judge(EngineConfig()) is None and not opened
@@ -92,7 +92,7 @@ def test_behind_the_word_guards_the_judge_is_a_veto_with_a_threshold_of_its_own(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(_routing, "open_judge", lambda model, **_: ScriptedJudge(2.0, -3.0))
     boil = Entry("boil", "At what temperature does water boil?", "100")
-    library = SimpleNamespace(routing={}, aliases={}, entries={"boil": SimpleNamespace(entry=boil)})
+    library = SimpleNamespace(routing={}, aliases={}, revoked={}, entries={"boil": SimpleNamespace(entry=boil)})
     served = _routing.LibraryRouting(library, "minilm", served=Path("served.gguf"))
     # the served model is checked at its own default, then vetoes at VETO_THRESHOLD
     assert served.judge(EngineConfig(profile="math"))[1:] == (VETO_THRESHOLD, "math")
