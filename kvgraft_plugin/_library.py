@@ -34,6 +34,7 @@ from ._exceptions import (
     ConfigError,
     EntryNotFoundError,
     IntegrityError,
+    KVGraftError,
     LibraryError,
     SourceError,
 )
@@ -630,7 +631,7 @@ class Library:
         a rebuild, which `kvgraft_plugin._routing.LibraryRouting.reload` reads)."""
         try:
             fresh = self._open_folder(self.store, key)
-        except KVGraftError:
+        except (KVGraftError, OSError, RecursionError):
             return None
         if not fresh.trusted or fresh.entries.keys() != self.entries.keys():
             return None

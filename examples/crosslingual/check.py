@@ -4,6 +4,7 @@
 Usage: python3 examples/crosslingual/check.py [-v]
 Exits 1 on any problem.
 """
+
 import glob
 import json
 import os
@@ -27,8 +28,20 @@ PARA_PER_ENTRY = 2
 NM_PER_ENTRY = 2
 UNCOVERED = 2
 PARA_KINDS = {"translation", "translated-rewording"}
-NM_KINDS = {"numbers", "asked-quantity", "object", "action", "role", "swapped-roles", "negation",
-            "unit", "time-period", "before-after", "order", "condition"}
+NM_KINDS = {
+    "numbers",
+    "asked-quantity",
+    "object",
+    "action",
+    "role",
+    "swapped-roles",
+    "negation",
+    "unit",
+    "time-period",
+    "before-after",
+    "order",
+    "condition",
+}
 LIB_KEYS = {"id", "problem", "solution", "answer"}
 Q_KEYS = {"id", "question", "kind", "expect_entry", "near_entry", "answer"}
 RUN = 8  # shared word runs of this length with other example folders are errors
@@ -37,10 +50,123 @@ NEAR_RUN = 6  # shorter shared runs (stock phrases such as "what is the area of 
 SKIP_FOLDERS = {"crosslingual", "edits-dev", "judge-dev", "results"}
 
 STOP = {
-    "en": {"the", "how", "what", "is", "of", "does", "do", "many", "much", "a", "an", "in", "and", "which", "his", "her", "its", "at", "for", "to", "old", "long", "i", "my", "on", "can", "when", "every", "you", "we", "are", "get", "there", "from"},
-    "es": {"el", "la", "los", "las", "de", "del", "un", "una", "cuántos", "cuántas", "cuánto", "qué", "tiene", "es", "en", "y", "al", "su", "se", "por", "para", "mide"},
-    "de": {"der", "die", "das", "den", "dem", "ein", "eine", "einen", "ist", "hat", "wie", "viele", "viel", "welcher", "und", "von", "für", "sein", "seine", "ihr", "sind", "man", "er", "sie", "es", "bei", "im", "mit", "zu", "auf", "lang", "groß"},
-    "fr": {"le", "la", "les", "de", "du", "des", "un", "une", "est", "combien", "quelle", "quel", "a", "à", "son", "sa", "et", "pour", "en", "peut", "on"},
+    "en": {
+        "the",
+        "how",
+        "what",
+        "is",
+        "of",
+        "does",
+        "do",
+        "many",
+        "much",
+        "a",
+        "an",
+        "in",
+        "and",
+        "which",
+        "his",
+        "her",
+        "its",
+        "at",
+        "for",
+        "to",
+        "old",
+        "long",
+        "i",
+        "my",
+        "on",
+        "can",
+        "when",
+        "every",
+        "you",
+        "we",
+        "are",
+        "get",
+        "there",
+        "from",
+    },
+    "es": {
+        "el",
+        "la",
+        "los",
+        "las",
+        "de",
+        "del",
+        "un",
+        "una",
+        "cuántos",
+        "cuántas",
+        "cuánto",
+        "qué",
+        "tiene",
+        "es",
+        "en",
+        "y",
+        "al",
+        "su",
+        "se",
+        "por",
+        "para",
+        "mide",
+    },
+    "de": {
+        "der",
+        "die",
+        "das",
+        "den",
+        "dem",
+        "ein",
+        "eine",
+        "einen",
+        "ist",
+        "hat",
+        "wie",
+        "viele",
+        "viel",
+        "welcher",
+        "und",
+        "von",
+        "für",
+        "sein",
+        "seine",
+        "ihr",
+        "sind",
+        "man",
+        "er",
+        "sie",
+        "es",
+        "bei",
+        "im",
+        "mit",
+        "zu",
+        "auf",
+        "lang",
+        "groß",
+    },
+    "fr": {
+        "le",
+        "la",
+        "les",
+        "de",
+        "du",
+        "des",
+        "un",
+        "une",
+        "est",
+        "combien",
+        "quelle",
+        "quel",
+        "a",
+        "à",
+        "son",
+        "sa",
+        "et",
+        "pour",
+        "en",
+        "peut",
+        "on",
+    },
 }
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uff00-\uffef]")
 
@@ -191,7 +317,10 @@ for tid, t in texts:
 
 # no repeats of problems in the other example folders (library problem texts only)
 others = []
-paths = sorted(glob.glob(os.path.join(EXAMPLES, "*", "*", "library.jsonl")) + glob.glob(os.path.join(EXAMPLES, "*", "library.jsonl")))
+paths = sorted(
+    glob.glob(os.path.join(EXAMPLES, "*", "*", "library.jsonl"))
+    + glob.glob(os.path.join(EXAMPLES, "*", "library.jsonl"))
+)
 paths += [os.path.join(EXAMPLES, "library.jsonl")]
 for p in paths:
     rel = os.path.relpath(p, EXAMPLES)
@@ -210,9 +339,9 @@ other_runs, other_near, near = {}, {}, []
 for oid, t in others:
     ws = words(t)
     for i in range(len(ws) - RUN + 1):
-        other_runs.setdefault(tuple(ws[i:i + RUN]), oid)
+        other_runs.setdefault(tuple(ws[i : i + RUN]), oid)
     for i in range(len(ws) - NEAR_RUN + 1):
-        other_near.setdefault(tuple(ws[i:i + NEAR_RUN]), oid)
+        other_near.setdefault(tuple(ws[i : i + NEAR_RUN]), oid)
 n_dup = 0
 for tid, t in texts:
     if norm(t) in other_exact:
@@ -220,13 +349,13 @@ for tid, t in texts:
         err(f"{tid}: same text as {other_exact[norm(t)]}")
     ws = words(t)
     for i in range(len(ws) - RUN + 1):
-        r = tuple(ws[i:i + RUN])
+        r = tuple(ws[i : i + RUN])
         if r in other_runs:
             n_dup += 1
             err(f"{tid}: shares the {RUN}-word run {' '.join(r)!r} with {other_runs[r]}")
             break
     for i in range(len(ws) - NEAR_RUN + 1):
-        r = tuple(ws[i:i + NEAR_RUN])
+        r = tuple(ws[i : i + NEAR_RUN])
         if r in other_near:
             near.append((tid, " ".join(r), other_near[r]))
             break
@@ -238,7 +367,10 @@ for row in table:
     print("| {} | {} | {} | {} | {} | {} | {} | {} |".format(*row))
     tot = [a + b for a, b in zip(tot, row[3:])]
 print("| total | | | {} | {} | {} | {} | {} |".format(*tot))
-print(f"duplicate check: {len(texts)} texts against {len(others)} library problems elsewhere in examples/: {n_dup} exact or {RUN}-word hits, {len(near)} texts with a shared {NEAR_RUN}-word run")
+print(
+    f"duplicate check: {len(texts)} texts against {len(others)} library problems elsewhere in examples/: "
+    f"{n_dup} exact or {RUN}-word hits, {len(near)} texts with a shared {NEAR_RUN}-word run"
+)
 for tid, r, oid in near:
     print(f"  {NEAR_RUN}-word run: {tid}: {r!r} (also in {oid})")
 if VERBOSE:
