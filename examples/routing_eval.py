@@ -48,6 +48,7 @@ from kvgraft_plugin._numerals import written_numbers  # noqa: E402
 from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
 MODES = ("words", "judge", "profile")
+WITHOUT: set[str] = set()  # word guards left out (--without), for an ablation
 
 
 def sets(names: list[str]) -> list[tuple[str, Path, list[Path]]]:
@@ -155,18 +156,26 @@ def route_set(embedder: Embedder, source: Path, queries: list[Path], judge: Reco
             lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
             entries,
             threshold=threshold if mode == "words" or floor is None else min(threshold, floor),
-            guards=JUDGED_GUARDS if mode == "judge" else DEFAULT_GUARDS,
+            guards=JUDGED_GUARDS if mode == "judge" else tuple(g for g in DEFAULT_GUARDS if g[0] not in WITHOUT),
             judge=None if mode == "words" or judge is None else judge.vetoing if mode == "profile" else judge,
         )
 
     routers = {mode: router(mode) for mode in (modes if judge is not None else ("words",))}
     rows = []
+    for entry_id in ids:  # exact repeats: every entry's own problem
+        row: dict[str, Any] = {"id": f"repeat:{entry_id}", "kind": "repeat", "expect": entry_id}
+        for mode, r in routers.items():
+            decision = r.route(entries[entry_id].problem)
+            row[mode] = decision.entry_id if isinstance(decision, Match) else None
+        rows.append(row)
     for path in queries:
         for line in path.read_text(encoding="utf-8").splitlines():
             query = json.loads(line)
             row = {"id": query["id"], "kind": query.get("kind") or "?", "expect": query.get("expect_entry")}
             for mode, r in routers.items():
+                t0 = time.perf_counter()
                 decision = r.route(query["question"])
+                row[f"{mode}_ms"] = (time.perf_counter() - t0) * 1e3  # embed + search + decision
                 row[mode] = decision.entry_id if isinstance(decision, Match) else None
                 refused = [v for v in decision.trail if not v.passed]
                 row[f"{mode}_refused_by"] = refused[0].guard if refused and row[mode] is None else None
@@ -248,9 +257,14 @@ def replay(embedder: Embedder, named: list[tuple[str, Path, list[Path]]], record
 
 def table(results: dict[str, list[dict[str, Any]]], mode: str) -> list[str]:
     """Per set: paraphrases (or repeats) right, wrong grafts, near-misses and uncovered matched."""
-    lines = [f"{'set':<24} {'covered right':>14} {'wrong':>6} {'near-miss grafted':>18} {'uncovered grafted':>18}"]
+    lines = [
+        f"{'set':<24} {'covered right':>14} {'wrong':>6} {'near-miss grafted':>18} {'uncovered grafted':>18}"
+        f" {'repeats':>9}"
+    ]
     total: collections.Counter[str] = collections.Counter()
     for name, rows in results.items():
+        repeats = [r for r in rows if r["kind"] == "repeat"]
+        rows = [r for r in rows if r["kind"] != "repeat"]
         covered = [r for r in rows if r["expect"] is not None]
         near = [r for r in rows if r["expect"] is None and not r["kind"].startswith("uncovered")]
         unc = [r for r in rows if r["expect"] is None and r["kind"].startswith("uncovered")]
@@ -258,6 +272,7 @@ def table(results: dict[str, list[dict[str, Any]]], mode: str) -> list[str]:
             cov=len(covered), right=sum(r[mode] == r["expect"] for r in covered),
             wrong=sum(r[mode] not in (None, r["expect"]) for r in rows), near=len(near),
             near_m=sum(r[mode] is not None for r in near), unc=len(unc), unc_m=sum(r[mode] is not None for r in unc),
+            rep=len(repeats), rep_ok=sum(r[mode] == r["expect"] for r in repeats),
         )  # fmt: skip
         total.update(c)
         lines.append(_line(name, c))
@@ -269,7 +284,7 @@ def _line(name: str, c: collections.Counter[str]) -> str:
     pct = f"({100 * c['right'] / c['cov']:.0f}%)" if c["cov"] else ""
     return (
         f"{name:<24} {c['right']:>5}/{c['cov']:<4}{pct:>5} {c['wrong']:>6} {c['near_m']:>9}/{c['near']:<8} "
-        f"{c['unc_m']:>9}/{c['unc']:<8}"
+        f"{c['unc_m']:>9}/{c['unc']:<8} {c['rep_ok']:>4}/{c['rep']:<4}"
     )
 
 
@@ -296,7 +311,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--replay", type=int, metavar="K", help="replay every query K times, the judge deferred")
     parser.add_argument("--idle", type=int, default=1, help="deferred judgements after each replayed query")
+    parser.add_argument("--without", default="", help="word guards to leave out, comma-separated (an ablation)")
     args = parser.parse_args()
+    WITHOUT.update(g for g in args.without.split(",") if g)
 
     margins: dict[str, Any] = {}
     if args.margins is not None and args.margins.is_file():
@@ -329,6 +346,10 @@ def main() -> None:
             print("\n".join(table(results[str(t)], mode)))
             if args.kinds:
                 print("\n".join(by_kind(results[str(t)], mode)))
+            ms = sorted(r[f"{mode}_ms"] for rows in results[str(t)].values() for r in rows if f"{mode}_ms" in r)
+            if ms and mode == "words":
+                print(f"routing before the first token: p50 {ms[len(ms) // 2]:.1f} ms, p95 {ms[int(len(ms) * 0.95)]:.1f}"
+                      f" ms, max {ms[-1]:.1f} ms over {len(ms)} queries")  # fmt: skip
     if args.replay and recording is not None:
         recording.threshold = thresholds[0]
         print("\n".join(replay(embedder, sets(args.sets), recording, args.replay, args.idle)))

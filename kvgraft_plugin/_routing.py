@@ -31,6 +31,9 @@ __all__ = ["LibraryRouting"]
 
 logger = logging.getLogger(__name__)
 
+#: How often at most a library's manifest is checked for changed aliases (`LibraryRouting.refresh`).
+REFRESH_SECONDS = 1.0
+
 
 class LibraryRouting:
     """Routing over ``library`` (``None``: none loaded) with the settings of a request's config."""
@@ -164,7 +167,7 @@ class LibraryRouting:
         (another process approved or revoked some), at most once a second: a server sees them without a
         restart. A manifest that cannot be read now keeps what was read before."""
         library = self.library
-        if library is None or time.monotonic() - self._refreshed < 1.0:
+        if library is None or time.monotonic() - self._refreshed < REFRESH_SECONDS:
             return
         self._refreshed = time.monotonic()
         try:

@@ -17,6 +17,7 @@ from test_fallbacks_fake import ENTRIES, BagOfWords
 from kvgraft_plugin import GraftEngine, Library, _routing
 from kvgraft_plugin._aliases import Alias, DeferredJudge, alias_key, parse_aliases
 from kvgraft_plugin._build import build_library
+from kvgraft_plugin._exceptions import BackendError, ConfigError
 from kvgraft_plugin._judge import JudgeVerdict
 from kvgraft_plugin._judge_check import CHECK_PAIRS, JudgeCheck
 from kvgraft_plugin._worker import Worker
@@ -74,7 +75,8 @@ def served(tmp_path, monkeypatch):
             monkeypatch.setattr(_routing, "check_judge", lambda judge, threshold, folder: judge.check(threshold))
         engine = GraftEngine(
             library, backend=ScriptedBackend(model, b"391."), embedder=BagOfWords(), n_threads=1, decode="step",
-            threshold=0.1, **({"judge_model": judge.model_id, "judge_threshold": 1.0} if judge else {}), **settings,
+            **{"threshold": 0.1, **({"judge_model": judge.model_id, "judge_threshold": 1.0} if judge else {}),
+               **settings},
         )  # fmt: skip
         engines.append(engine)
         return engine
@@ -254,3 +256,132 @@ def test_when_idle_work_waits_for_every_queued_call():
     gate.set()
     worker.close(lambda: order.append("last"))
     assert order.index("idle") > order.index("request 2")
+
+
+# -- an alias is a verdict on record, not a bypass (issue 49, finding 1) ---------------------------------------
+
+
+def _approved(served, judge: FakeJudge | None = None) -> tuple:
+    """A library where the judge approved PARAPHRASE for "mul" at margin 3.0 (judge threshold 1.0)."""
+    lib, open_engine = served
+    engine = open_engine(lib, judge or FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
+    engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    engine.judge_deferred()
+    return lib, open_engine
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"threshold": 1.0}, "its similarity"),  # a stricter similarity threshold
+        ({"judge_threshold": 5.0}, "below the judge threshold +5.00"),  # a stricter judge (none opened)
+        ({"match_check": lambda q, e, s: False}, "refused by match_check"),  # the user's hook
+    ],
+)
+def test_an_alias_grafts_only_under_the_settings_in_force(served, settings, why):
+    lib, open_engine = _approved(served)
+    assert open_engine(lib, judge_model="off").ask(PARAPHRASE, max_tokens=4, stop=[]).route == "graft"
+    answer = open_engine(lib, judge_model="off", **settings).ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert answer.route == "plain"
+    assert any(why in (v["reason"] or "") for v in answer.match), answer.match
+
+
+def test_a_structural_veto_refuses_an_alias_whose_numbers_were_replaced(served):
+    lib, open_engine = _approved(served)
+    library = Library.open(lib)
+    alias = library.aliases[alias_key(PARAPHRASE)]
+    wrong = "What is 18 times 23?"  # a wrong alias, as a failing judge once wrote one
+    library.aliases[alias_key(wrong)] = Alias(**{**alias.to_json(), "question": wrong})
+    library.save()
+    answer = open_engine(lib, judge_model="off").ask(wrong, max_tokens=4, stop=[])
+    assert answer.route == "plain" and any("numbers replaced" in (v["reason"] or "") for v in answer.match)
+
+
+def test_a_judge_that_fails_its_check_writes_no_alias(served):
+    lib, open_engine = served
+    judge = FakeJudge({PARAPHRASE: 3.0})
+    judge.fails_check = True
+    engine = open_engine(lib, judge, judge_mode="async")
+    engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert engine.judge_deferred() == [] and judge.computed == []  # its queue is dropped unjudged
+    assert not engine.aliases and not Library.open(lib).aliases
+
+
+def test_a_revocation_is_remembered_until_the_user_allows_the_question_again(served):
+    lib, open_engine = _approved(served)
+    runner = CliRunner()
+    revoked = runner.invoke(main, ["aliases", "--library", str(lib), "--revoke", PARAPHRASE])
+    assert revoked.exit_code == 0, revoked.output
+    assert Library.open(lib).revoked == {alias_key(PARAPHRASE): "mul"}
+    # the same judge approves it again on its next sighting: not stored, not grafted
+    again = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
+    first = again.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert first.route == "plain" and "revoked" in first.fallback_reason
+    assert again.judge_deferred() == [] and not Library.open(lib).aliases
+    assert again.ask(PARAPHRASE, max_tokens=4, stop=[]).route == "plain"
+    # until the user allows it: then a judge may approve it once more
+    unknown = runner.invoke(main, ["aliases", "--library", str(lib), "--allow", "never revoked"])
+    assert unknown.exit_code != 0 and "is not revoked" in unknown.output
+    allowed = runner.invoke(main, ["aliases", "--library", str(lib), "--allow", PARAPHRASE])
+    assert allowed.exit_code == 0, allowed.output and not Library.open(lib).revoked
+    _approved(served)
+    assert list(Library.open(lib).aliases) == [alias_key(PARAPHRASE)]
+
+
+def test_revoking_an_unknown_entry_is_an_error(served):
+    lib, _ = served
+    result = CliRunner().invoke(main, ["aliases", "--library", str(lib), "--revoke-entry", "nope"])
+    assert result.exit_code != 0 and "no entry 'nope'" in result.output
+
+
+def test_a_running_engine_sees_a_revocation_without_a_restart(served, monkeypatch):
+    lib, open_engine = _approved(served)
+    monkeypatch.setattr(_routing, "REFRESH_SECONDS", 0.0)
+    serving = open_engine(lib, judge_model="off")
+    assert serving.ask(PARAPHRASE, max_tokens=4, stop=[]).route == "graft"
+    Library.open(lib).revoke_aliases([alias_key(PARAPHRASE)])  # another process: `kvgraft aliases --revoke`
+    answer = serving.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert answer.route == "plain" and "revoked" in answer.fallback_reason
+
+
+def test_an_entrys_own_problem_grafts_with_no_judge_even_where_the_word_guards_cannot_read(served):
+    lib, open_engine = served
+    engine = open_engine(lib, judge_model="off")
+    exact = engine.ask("  What is the greatest common divisor of 84 and 126? ", max_tokens=4, stop=[])
+    assert (exact.route, exact.entry_id) == ("graft", "gcd") and exact.match[0]["guard"] == "exact"
+
+
+def test_a_judge_that_fails_mid_request_is_a_refusal_not_a_failed_request(served):
+    lib, open_engine = served
+
+    class Broken(FakeJudge):
+        def __call__(self, problem, question, *, answer, threshold, vouched=False):
+            raise BackendError("llama_decode returned -3")
+
+    engine = open_engine(lib, Broken({}), judge_mode="inline", guards=True)
+    answer = engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert answer.route == "plain" and "the judge failed (llama_decode returned -3)" in answer.fallback_reason
+
+
+def test_a_recorded_judge_that_cannot_be_opened_routes_without_a_judge(served, monkeypatch):
+    lib, open_engine = served
+    library = Library.open(lib)
+    library.routing = {**library.routing, "judge": {"model": "corrupt.gguf", "prompt": "x", "threshold": 0.0}}
+    library.save()
+
+    def corrupt(model, **_):
+        raise BackendError("failed to load model from corrupt.gguf")
+
+    monkeypatch.setattr(_routing, "open_judge", corrupt)
+    answer = open_engine(lib).ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert answer.route == "plain" and answer.text  # answered, not failed
+
+
+def test_per_request_judge_settings_are_bounded(served):
+    lib, open_engine = served
+    engine = open_engine(lib, judge_model="off")
+    for routing in ({"judge_model": "/tmp/another.gguf"}, {"judge_threshold": float("nan")},
+                    {"judge_threshold": "abc"}, {"judge_threshold": float("-inf")}):  # fmt: skip
+        with pytest.raises(ConfigError):
+            engine.ask(PARAPHRASE, max_tokens=4, routing=routing)
+    assert engine.ask(PARAPHRASE, max_tokens=4, routing={"judge_model": "off"}).route == "plain"
