@@ -61,19 +61,19 @@ logger = logging.getLogger(__name__)
 #: Name of the prompt below; a library's calibrated threshold holds for this prompt only.
 JUDGE_PROMPT = "same-problem-v2"
 
-#: The margin threshold of a judge no library calibrated (chosen on examples/judge-dev; see docs/routing.md).
+#: The margin threshold of a judge no library calibrated (chosen on examples/judge-dev; see docs/routing-history.md).
 DEFAULT_THRESHOLD = -1.0
 #: The margin threshold of a judge behind the word guards (``profile="math"``): the guards decide, and the
 #: judge only vetoes a clear No. -3.0 is a round margin below the lowest margin of any paraphrase the word
 #: guards pass on the math tuning set (-2.77, "89 times 47"); at -1.0 with the clear-Yes bar the judge refused
-#: 26 of the 143 questions there that the guards route right (docs/routing.md).
+#: 26 of the 143 questions there that the guards route right (docs/routing-history.md).
 VETO_THRESHOLD = -3.0
 
 #: A question that keeps this share of an entry's words, in order, without being the same text, is a small
 #: edit of it, and needs a margin of at least `CLOSE_MARGIN`: a clear Yes. The judge overlooks small edits
 #: ("highest" for "lowest", "not including" for "including", "CO" for "CO2"). Chosen on examples/edits-dev
 #: and the domains sets, where at -1.0 it refused 12 near-misses for 7 paraphrases (none on the domains
-#: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing.md). Every small edit
+#: sets); on the held-out examples/edits, 5 near-misses for 17 paraphrases (docs/routing-history.md). Every small edit
 #: whose margin clears the threshold is read again as a rewording (`kvgraft_plugin._rewording`): that passes one
 #: short of a clear Yes, or refuses one with a clear Yes.
 CLOSE_KEPT = 0.7
@@ -94,7 +94,7 @@ def clear_yes(problem: str, question: str) -> str | None:
     ``None``: it is a small edit of the problem (it keeps `CLOSE_KEPT` of its tokens in order and changes
     some), or it adds numbers to the problem's or leaves some out (`unpaired_numbers`; one replaced is
     refused before the judge). The judge overlooks both: on the tuning sets, at -1.0, one-sided numbers let
-    8 of 102 near-misses through, and at 0 one (docs/routing.md)."""
+    8 of 102 near-misses through, and at 0 one (docs/routing-history.md)."""
     if CLOSE_KEPT <= kept(problem, question) < 1.0:
         return SMALL_EDIT
     if any(unpaired_numbers(problem, question)):

@@ -7,7 +7,7 @@ prompt but says Yes (or No) to everything; the check tells it from a judge befor
 The 16 pairs are a seeded sample (``random.Random(28)``, 8 of each) of the router's candidates on the tuning
 set ``examples/judge-dev/`` (never a held-out set): 8 paraphrases and 8 near-misses, in English, French,
 Spanish and Japanese. A model passes at a threshold when it refuses every near-miss and lets at least half
-the paraphrases through. Measured at the default threshold (see docs/routing.md): Qwen2.5-Coder-1.5B-Instruct
+the paraphrases through. Measured at the default threshold (see docs/routing-history.md): Qwen2.5-Coder-1.5B-Instruct
 passes, SmolLM2-135M-Instruct does not. The verdict is kept in the cache, keyed by the judge's runtime
 fingerprint, its prompt, the pairs and the threshold, so a model is checked once.
 """

@@ -15,7 +15,7 @@ __all__ = ["ENGLISH_GAP", "english_gap"]
 
 #: A text whose English score is this many nats below its best language's is not English. Over the 3,718
 #: problems and questions of the example sets, English texts sit at 0 to 3.93 ("Quick one: 48 × 36 = ?",
-#: "Calculate 2^20.") and the others at 14.9 ("rettangolo 12 per 5 cm, area?") to 1,671 (docs/routing.md).
+#: "Calculate 2^20.") and the others at 14.9 ("rettangolo 12 per 5 cm, area?") to 1,671 (docs/routing-history.md).
 ENGLISH_GAP = 10.0
 
 

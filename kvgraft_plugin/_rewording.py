@@ -37,12 +37,12 @@ __all__ = [
 #: Name of the prompts below; a cached or recorded score holds for these prompts only.
 REWORDING_PROMPT = "rewording-v1"
 #: The log-likelihood ratio a small edit needs, chosen on the tuning sets alone (examples/edits-dev and
-#: examples/judge-dev; docs/routing.md): their near-misses in the judge's grey zone scored at most +0.29 and
+#: examples/judge-dev; docs/routing-history.md): their near-misses in the judge's grey zone scored at most +0.29 and
 #: their paraphrases there at least +1.63.
 REWORDING_THRESHOLD = 1.0
 #: Below this score a small edit is read as a changed problem, and refused even with a clear Yes: the sign of
 #: the ratio, no fitted number. On the tuning sets it refused 4 of the 5 near-misses the judge gave a clear Yes
-#: and 4 of its 53 paraphrases there (docs/routing.md).
+#: and 4 of its 53 paraphrases there (docs/routing-history.md).
 REWORDING_VETO = 0.0
 
 #: (problem, a rewording that keeps its answer, a small edit that changes it): written for the check, in no

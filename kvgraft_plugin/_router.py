@@ -146,7 +146,7 @@ def language_guard(c: Candidate) -> str | None:
     pass what changed ("yang pecah" against "yang tidak pecah", Indonesian for "broken" and "not broken"), so a
     candidate whose question or entry a language identifier reads as not English (`english_gap`) is refused.
     This guard fails closed; a judge is what could decide. Without it, the word guards grafted 28 of 264
-    paraphrases and 8 near-misses in such languages on the example sets (docs/routing.md)."""
+    paraphrases and 8 near-misses in such languages on the example sets (docs/routing-history.md)."""
     for what, text in (("question", c.question), ("entry", c.entry.problem)):
         gap = english_gap(text)
         if gap > ENGLISH_GAP:
@@ -213,7 +213,7 @@ def replaced_numbers_guard(c: Candidate) -> str | None:
     adds numbers or leaves some out is the judge's to read, with a clear Yes needed
     (`kvgraft_plugin._judge.clear_yes`): its numbers are often words the parser does not read ("шесть",
     "a couple"), read as others ("the Second World War") or context ("at 25 °C"). On the tuning sets that
-    let 29 of 43 such paraphrases through for 1 of 102 near-misses (docs/routing.md)."""
+    let 29 of 43 such paraphrases through for 1 of 102 near-misses (docs/routing-history.md)."""
     extra, missing = unpaired_numbers(c.entry.problem, c.question)
     if extra and missing:
         return f"numbers replaced: the query has {_fmt(extra)} where the entry has {_fmt(missing)}"
@@ -572,7 +572,7 @@ class Router:
         A Python function prompt asked against one is read by the default guards (signature, code, examples
         and docstring words) and not by the judge: on the code set the judge let through 3 of 87 near-misses
         where those guards let none through, and refused 25 of 26 renamed functions
-        (docs/routing.md)."""
+        (docs/routing-history.md)."""
         trail.append(GuardVerdict("threshold", c.entry.id, True))
         if self.revoked.get(alias_key(c.question)) == c.entry.id:
             trail.append(GuardVerdict("revoked", c.entry.id, False, "a user revoked this question for this entry"))

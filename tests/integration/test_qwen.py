@@ -116,8 +116,10 @@ def qwen_library(qwen_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def qwen(qwen_library):
-    with GraftEngine(qwen_library, n_threads=2) as engine:  # the library remembers its model by name
-        yield engine  # and, an instruct model that passes the judge check, it is its own judge
+    # the library remembers its model by name and, an instruct model that passes the judge check, it is its own
+    # judge; inline here, so that these tests read the judge's verdicts on the request (async is the default)
+    with GraftEngine(qwen_library, n_threads=2, judge_mode="inline") as engine:
+        yield engine
 
 
 def test_the_library_is_exact_and_remembers_the_model_by_name(qwen, qwen_library, qwen_path):
@@ -316,7 +318,8 @@ def test_calibrate_stores_the_judge_and_the_library_then_uses_it(qwen_library, t
     assert (chosen["model"], chosen["right"], chosen["wrong"]) == (NAME, 1, 0)
     judge = Library.open(qwen_library).routing["judge"]
     assert judge["threshold"] == chosen["threshold"] and judge["prompt"] == JUDGE_PROMPT
-    with GraftEngine(qwen_library, n_threads=2) as engine:  # no judge_model: the library's, not the served one
+    # no judge_model: the library's, not the served one
+    with GraftEngine(qwen_library, n_threads=2, judge_mode="inline") as engine:
         assert engine.routing.judge(engine.config)[1] == chosen["threshold"]
         assert engine.ask(BOIL_REWORDED, max_tokens=8).route == "graft"
     with GraftEngine(qwen_library, n_threads=2, judge_model="off") as engine:
@@ -327,8 +330,9 @@ def test_async_judging_stores_an_alias_that_grafts_bitwise_with_no_judge(qwen_li
     library = tmp_path / "lib"
     shutil.copytree(qwen_library, library)
     with GraftEngine(library, n_threads=2, judge_model=NAME, judge_mode="async") as engine:
-        first = engine.ask(BOIL_REWORDED, max_tokens=8)  # not waited for: answered without the entry
-        assert first.route == "plain" and "deferred" in first.fallback_reason
+        first = engine.ask(BOIL_REWORDED, max_tokens=8)  # not waited for: the word guards decide (they refuse)
+        assert first.route == "plain" and first.phases_ms.get("judge", 0.0) == 0.0
+        assert any(v["guard"] == "judge" and "deferred" in v["reason"] for v in first.match), first.match
         near = engine.ask(BOIL_NEAR_MISS, max_tokens=8)
         assert near.route == "plain"
         engine.judge_deferred()  # what the idle worker has not judged yet
