@@ -14,10 +14,10 @@ reading of numbers written in words (`kvgraft_plugin._numerals`), and saved (``-
 thresholds at or above that floor can be compared offline (``--thresholds``); the decisions printed are the
 real `Router`'s.
 
-``--replay K`` replays every query K times in a shuffled stream with the judge deferred (``judge_mode="async"``,
-the real `DeferredJudge` and aliases): a pair not judged yet goes plain, up to ``--idle`` deferred pairs are
-judged after each query (the engine's idle time), and an approval is an alias from then on. It prints the
-paraphrases grafted right and the near-misses grafted per quarter of the stream, against the inline judge.
+``--replay`` asks every query twice in a shuffled stream, as the default route does (``judge_mode="async"``, the
+real `DeferredJudge` and aliases): on first sight the word guards decide and the pair is queued, the idle judge
+reads the queue, and an approval is an alias on the second asking. It prints, per set, the paraphrases grafted
+right and the near-misses and uncovered questions grafted on each asking.
 
     .venv/bin/python examples/routing_eval.py --judge qwen2.5-coder-1.5b-instruct --margins m.json domains
     .venv/bin/python examples/routing_eval.py --margins m.json --thresholds 0,1,2 domains   # no model run
@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
-from kvgraft_plugin._aliases import Alias, DeferredJudge  # noqa: E402
+from kvgraft_plugin._aliases import DeferredJudge  # noqa: E402
 from kvgraft_plugin._index import geometry_threshold  # noqa: E402
 from kvgraft_plugin._judge import SMALL_EDIT, VETO_THRESHOLD, JudgeVerdict, pair_bar  # noqa: E402
 from kvgraft_plugin._numerals import written_numbers  # noqa: E402
@@ -205,54 +205,63 @@ class ReplayJudge:
     ) -> JudgeVerdict:
         self.seen.add(json.dumps([problem, question], ensure_ascii=False))
         entry = type("E", (), {"problem": problem, "answer": answer})()
-        return JudgeVerdict(self.recording(entry, question, 0.0).margin, threshold, 0.0, cached=False)
+        return self.recording(entry, question, 0.0)  # as `known` will read it: with its rewording and numerals
 
 
 def replay(embedder: Embedder, named: list[tuple[str, Path, list[Path]]], recording: RecordingJudge,
-           repeats: int, idle: int, seed: int = 0) -> list[str]:  # fmt: skip
-    """Graft rates per quarter of a shuffled stream with every query ``repeats`` times, judged deferred."""
+           seed: int = 0) -> list[str]:  # fmt: skip
+    """The default route, ``judge_mode="async"``, over a stream of every query in a shuffled order: asked once
+    (first sight: the word guards decide, the pair is queued), the idle judge reads every queued pair (an
+    approval is an alias), then every query is asked again. Per set: paraphrases right and near-misses grafted
+    on first sight and on the second asking, and the judge's time per pair it read."""
     import random
 
-    stream: list[tuple[Router, dict[str, Any]]] = []
-    for _, source, queries in named:
+    routers: dict[str, Router] = {}
+    stream: list[tuple[str, dict[str, Any]]] = []
+    for name, source, queries in named:
         entries = {e.id: e for e in read_source(source)}
         index = VectorIndex(embedder.dim, "flat")
         ids = sorted(entries)
         index.add(ids, embedder.encode([entries[i].problem for i in ids]))
-        judge = ReplayJudge(recording)
-        deferred = DeferredJudge(judge, recording.threshold)
-        aliases: dict[str, Alias] = {}
-        router = Router(
+        deferred = DeferredJudge(ReplayJudge(recording), recording.threshold)
+        routers[name] = Router(
             embedder.encode, lambda vector, k, index=index: [(h.entry_id, h.score) for h in index.search(vector, k)],
-            entries, threshold=geometry_threshold(index), guards=JUDGED_GUARDS, judge=deferred, aliases=aliases,
+            entries, threshold=geometry_threshold(index), guards=JUDGED_GUARDS, judge=deferred, aliases={},
+            judge_threshold=recording.threshold, first_sight=DEFAULT_GUARDS,
         )  # fmt: skip
-        router.deferred = deferred  # type: ignore[attr-defined]
+        routers[name].deferred = deferred  # type: ignore[attr-defined]
         for path in queries:
-            stream += [(router, json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()] * repeats
+            stream += [(name, json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]
     random.Random(seed).shuffle(stream)
-    quarters: list[collections.Counter[str]] = [collections.Counter() for _ in range(4)]
-    for i, (router, query) in enumerate(stream):
-        decision = router.route(query["question"])
-        got = decision.entry_id if isinstance(decision, Match) else None
-        kind = "para" if query.get("expect_entry") else "near" if query["kind"].startswith("near") else "unc"
-        q = quarters[4 * i // len(stream)]
-        q[kind] += 1
-        q[f"{kind}_hit"] += got is not None and got == query.get("expect_entry") if kind == "para" else got is not None
-        q["alias"] += any(v.guard == "alias" for v in decision.trail)
-        for _ in range(idle):
-            deferred: DeferredJudge = router.deferred  # type: ignore[attr-defined]
-            alias = deferred.judge_next(model="recorded", prompt="-", entry_sha256=lambda e: "")
-            if alias is not None:
-                router.aliases[alias.key] = alias  # type: ignore[index]
-    lines = [f"replay: {len(stream)} queries ({repeats}x each, shuffled), {idle} deferred judgement(s) after each"]
-    for n, q in enumerate(quarters, 1):
-        pct = 100 * q["para_hit"] / max(1, q["para"])
-        lines.append(
-            f"  quarter {n}: paraphrases right {q['para_hit']}/{q['para']} ({pct:.0f}%)"
-            f", near-misses grafted {q['near_hit']}/{q['near']}, uncovered {q['unc_hit']}/{q['unc']},"
-            f" by alias {q['alias']}"
-        )
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for asking in ("first", "again"):
+        for name, query in stream:
+            decision = routers[name].route(query["question"])
+            got = decision.entry_id if isinstance(decision, Match) else None
+            kind = "para" if query.get("expect_entry") else "near" if query["kind"].startswith("near") else "unc"
+            hit = got is not None and got == query.get("expect_entry") if kind == "para" else got is not None
+            for c in (counts[name], counts["all"]):
+                c[f"{asking}_{kind}"] += 1
+                c[f"{asking}_{kind}_hit"] += hit
+        if asking == "first":  # the idle judge reads every queued pair
+            for name, router in routers.items():
+                deferred: DeferredJudge = router.deferred  # type: ignore[attr-defined]
+                while deferred.pending:
+                    alias = deferred.judge_next(model="recorded", prompt="-", entry_sha256=lambda e: "")
+                    if alias is not None:
+                        router.aliases[alias.key] = alias  # type: ignore[index]
+                        counts[name]["aliases"] += 1
+                        counts["all"]["aliases"] += 1
+    lines = [f"replay ({len(stream)} queries, async judge at {recording.threshold:+g}): paraphrases right / "
+             "near-misses grafted / uncovered grafted, first sight then asked again"]  # fmt: skip
+    for name, c in counts.items():
+        first, again = (_cell(c, asking) for asking in ("first", "again"))
+        lines.append(f"  {name:<24} first {first:<22} again {again:<22} aliases {c['aliases']}")
     return lines
+
+
+def _cell(c: collections.Counter[str], asking: str) -> str:
+    return " ".join(f"{c[f'{asking}_{kind}_hit']}/{c[f'{asking}_{kind}']}" for kind in ("para", "near", "unc"))
 
 
 def table(results: dict[str, list[dict[str, Any]]], mode: str) -> list[str]:
@@ -309,8 +318,7 @@ def main() -> None:
     parser.add_argument("--kinds", action="store_true", help="also print per kind")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run, comma-separated")
     parser.add_argument("--json", type=Path, help="write every row here")
-    parser.add_argument("--replay", type=int, metavar="K", help="replay every query K times, the judge deferred")
-    parser.add_argument("--idle", type=int, default=1, help="deferred judgements after each replayed query")
+    parser.add_argument("--replay", action="store_true", help="ask every query twice, the judge deferred between")
     parser.add_argument("--without", default="", help="word guards to leave out, comma-separated (an ablation)")
     args = parser.parse_args()
     WITHOUT.update(g for g in args.without.split(",") if g)
@@ -352,7 +360,7 @@ def main() -> None:
                 print(f"routing before the first token: p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {ms[-1]:.1f} ms")
     if args.replay and recording is not None:
         recording.threshold = thresholds[0]
-        print("\n".join(replay(embedder, sets(args.sets), recording, args.replay, args.idle)))
+        print("\n".join(replay(embedder, sets(args.sets), recording)))
     if recording is not None and recording.ms:
         ms = sorted(recording.ms)
         print(f"\njudge: {len(ms)} new margins, median {ms[len(ms) // 2]:.0f} ms, total {sum(ms) / 1e3:.0f} s")

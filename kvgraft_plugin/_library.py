@@ -123,7 +123,8 @@ def state_file_name(entry_id: str) -> str:
 
 
 def loads_json(text: str | bytes) -> Any:
-    """``json.loads`` that refuses duplicate keys (which would silently keep the last value)."""
+    """``json.loads`` that refuses duplicate keys (which would silently keep the last value), and JSON nested too
+    deeply for Python's parser, with a ``ValueError`` either way (never a ``RecursionError``)."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -133,7 +134,10 @@ def loads_json(text: str | bytes) -> Any:
             out[key] = value
         return out
 
-    return json.loads(text, object_pairs_hook=pairs)
+    try:
+        return json.loads(text, object_pairs_hook=pairs)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
 
 
 def visible(text: str) -> bool:

@@ -7,18 +7,23 @@ tried; see its docstring for each layer and what it does not contain.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TEST_FILE_SIZE", "TEST_MEMORY", "TEST_OPEN_FILES", "TEST_TIMEOUT", "run_tests"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["TEST_DISK", "TEST_FILE_SIZE", "TEST_MEMORY", "TEST_OPEN_FILES", "TEST_TIMEOUT", "run_tests"]
 
 #: Seconds a test program may run (wall clock); it gets one second more of CPU time than that, rounded up.
 TEST_TIMEOUT = 10.0
@@ -28,6 +33,9 @@ TEST_MEMORY = 1 << 30
 TEST_FILE_SIZE = 16 << 20
 #: Files a test program may hold open at once.
 TEST_OPEN_FILES = 256
+#: Bytes all the files in a test program's folder may reach together (checked every `_DISK_POLL` s).
+TEST_DISK = 64 << 20
+_DISK_POLL = 0.05
 
 
 def run_tests(program: str, *, timeout: float = TEST_TIMEOUT) -> str | None:
@@ -78,8 +86,8 @@ _PASSED_ENV = ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "TZ")
 
 def _run_contained(program: str, *, timeout: float, audit: bool = True) -> _Contained:
     """`run_tests`, with the layers reported; ``audit=False`` leaves the audit hook out (to test the rest)."""
-    with tempfile.TemporaryDirectory(prefix="kvgraft-tests-", ignore_cleanup_errors=True) as tmp:
-        base = Path(tmp).resolve()
+    base = Path(tempfile.mkdtemp(prefix="kvgraft-tests-")).resolve()
+    try:
         work = base / "work"
         work.mkdir()
         script, sandbox = base / "tests.py", base / "sandbox.py"  # outside the folder: the tests cannot edit them
@@ -100,18 +108,108 @@ def _run_contained(program: str, *, timeout: float, audit: bool = True) -> _Cont
                 stderr=err,
                 start_new_session=True,
             )
+            watch = _DiskWatch(work, child.pid)
             try:
                 finished = _wait_unreaped(child, timeout)
             finally:
+                watch.stop()
                 _kill_group(child.pid)  # before reaping: the zombie keeps the group's id from being reused
                 status = child.wait()
             err.seek(0)
             head = err.readline(4096).decode("utf-8", "replace")
             err.seek(max(0, err.seek(0, os.SEEK_END) - 65536))
             text = err.read().decode("utf-8", "replace")
+    finally:
+        _remove_tree(base)
     layers = tuple(head[len(_LAYERS) :].split()) if head.startswith(_LAYERS) else ()
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(_LAYERS)]
+    if watch.over:
+        return _Contained(f"tests wrote more than {TEST_DISK >> 20} MiB in their folder", layers)
     return _Contained(_failure(status, lines, finished=finished, timeout=timeout, cpu=cpu), layers)
+
+
+class _DiskWatch:
+    """Kills the process group ``pid`` once the files under ``folder`` reach `TEST_DISK` bytes together
+    (`RLIMIT_FSIZE` bounds one file only), checking every `_DISK_POLL` s on a thread of its own."""
+
+    def __init__(self, folder: Path, pid: int) -> None:
+        self.folder, self.pid, self.over = folder, pid, False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvgraft-sandbox-disk", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(_DISK_POLL):
+            if _tree_bytes(self.folder, TEST_DISK) >= TEST_DISK:
+                self.over = True
+                _kill_group(self.pid)
+                return
+
+    def stop(self) -> None:
+        """Stop watching (and wait for the last check)."""
+        self._done.set()
+        self._thread.join()
+
+
+def _tree_bytes(folder: Path, cap: int) -> int:
+    """Bytes of the files under ``folder`` (links not followed), counted without recursion up to ``cap``."""
+    total, stack = 0, [str(folder)]
+    while stack and total < cap:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            continue
+    return total
+
+
+def _remove_tree(folder: Path) -> None:
+    """Delete ``folder`` and everything in it, links not followed. A test may nest folders thousands deep, past
+    any path length or recursion limit, so each folder is first moved up to ``folder`` itself (a rename through
+    folder descriptors) and emptied there: no deep path, no recursion, two descriptors open at most. What
+    cannot be removed is logged, never raised."""
+    try:
+        root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        logger.warning("sandbox cleanup: %s", exc)
+        return
+    try:
+        pending, moved = os.listdir(root), 0
+        while pending:
+            name = pending.pop()
+            try:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=root, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=root)
+                    continue
+                os.chmod(name, 0o700, dir_fd=root)  # a folder the tests made unreadable
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
+                try:
+                    with os.scandir(fd) as scan:
+                        entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in scan]
+                    for inner, is_folder in entries:
+                        if not is_folder:
+                            os.unlink(inner, dir_fd=fd)
+                            continue
+                        moved += 1
+                        while os.path.lexists(f"/proc/self/fd/{root}/.kvgraft-moved-{moved}"):
+                            moved += 1
+                        os.rename(inner, f".kvgraft-moved-{moved}", src_dir_fd=fd, dst_dir_fd=root)
+                        pending.append(f".kvgraft-moved-{moved}")
+                finally:
+                    os.close(fd)
+                os.rmdir(name, dir_fd=root)
+            except OSError as exc:
+                logger.warning("sandbox cleanup: %s", exc)
+    finally:
+        os.close(root)
+    try:
+        os.rmdir(folder)
+    except OSError as exc:
+        logger.warning("sandbox cleanup: %s", exc)
 
 
 def _failure(status: int, lines: list[str], *, finished: bool, timeout: float, cpu: int) -> str | None:
@@ -524,6 +622,8 @@ def _kvgraft_audit(root):
         _shown=shown,
         _outside=outside,
         _refuse=refuse,
+        _realpath=os.path.realpath,
+        _bytes=bytes,
         _isinstance=isinstance,
         _int=int,
         _str=str,
@@ -544,10 +644,13 @@ def _kvgraft_audit(root):
                     return  # open(fd) wraps a descriptor the process already has
                 flags = _int.__int__(flags) if _isinstance(flags, _int) else 0
                 target = _resolve(path, None)
-                if target is not None and target.startswith("/proc/"):
-                    place = target.split("/")[2]
-                    if place.isdigit() and place != _own:  # its environment, memory, files: not the tests' to read
-                        _refuse("tests tried to read %s of another process" % target)
+                # the path as the kernel follows it too: "/proc/self/root/proc/PID" is another process's
+                real = _realpath(path) if _isinstance(path, (_str, _bytes)) else None
+                for seen in (target, real.decode("utf-8", "replace") if _isinstance(real, _bytes) else real):
+                    if seen is not None and seen.startswith("/proc/"):
+                        place = seen.split("/")[2]
+                        if place.isdigit() and place != _own:  # its environment, memory: not the tests' to read
+                            _refuse("tests tried to read %s of another process" % seen)
                 if flags & _write_flags:  # computed by open() from its mode, or given to os.open
                     if not _inside(target):
                         _refuse(_outside("write", target, path))

@@ -129,7 +129,7 @@ def decode_state(buf: bytearray, *, expected_digest: str | None = None) -> Saved
     header_end = _PREAMBLE.size + header_len
     try:
         header = json.loads(bytes(view[_PREAMBLE.size : header_end]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise IntegrityError("state header is not valid JSON") from exc
     if not isinstance(header, dict) or set(header) != _HEADER_KEYS:
         raise IntegrityError("state header has unexpected fields")

@@ -283,6 +283,6 @@ def _index_file(manifest: Path) -> str | None:
     try:
         data: Any = json.loads(manifest.read_bytes())
         name = data.get("index", {}).get("file")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return name if isinstance(name, str) and "/" not in name and name.endswith(".faiss") else None

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -17,7 +18,7 @@ import pytest
 
 from kvgraft_plugin._checks import entry_problems
 from kvgraft_plugin._exceptions import SourceError
-from kvgraft_plugin._sandbox import _kill_group, _run_contained, _wait_unreaped, run_tests
+from kvgraft_plugin._sandbox import TEST_DISK, _kill_group, _run_contained, _wait_unreaped, run_tests
 from kvgraft_plugin._template import Entry
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox is POSIX")
@@ -162,6 +163,9 @@ def test_a_loop_forever_runs_past_the_time_limit_and_is_killed(marker):
         ("import os\nos.mkfifo(os.path.dirname(os.getcwd()) + '/fifo')", "tests tried to call os.mkfifo"),
         ("import sys\nsys.addaudithook(lambda *a: None)", "tests tried to add an audit hook"),
         ("import os\nopen(f'/proc/{os.getppid()}/environ').read()", "environ of another process"),
+        # the same file through the root link (issue 49: the secret was echoed in the failure message)
+        ("import os\nopen(f'/proc/self/root/proc/{os.getppid()}/environ').read()", "environ of another process"),
+        ("import os\nopen(f'/proc/self/cwd/../../../proc/{os.getppid()}/environ').read()", "of another process"),
     ],
 )
 def test_escape_hatches_are_refused(program, reason):
@@ -265,3 +269,26 @@ def test_build_runs_a_sources_tests_only_when_asked(tmp_path, outside, caplog):
     with caplog.at_level(logging.WARNING), pytest.raises(_Reached):
         build_library(tmp_path / "b", entries, engine=_VerifyOnlyEngine())  # the default: not run
     assert "1 entries' tests were not run" in caplog.text and "hostile" in caplog.text
+
+
+def test_a_secret_in_the_parents_environment_never_reaches_the_failure(monkeypatch):
+    monkeypatch.setenv("QA_SECRET_TOKEN", "x-very-secret")
+    program = "import os\nprint(open(f'/proc/self/root/proc/{os.getppid()}/environ').read())\nassert False"
+    failure = run_tests(program)
+    assert failure is not None and "x-very-secret" not in failure, failure
+
+
+def test_thousands_of_nested_folders_are_cleaned_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    program = "import os\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\nassert False, 'deep'"
+    failure = run_tests(program)
+    assert failure is not None and "deep" in failure, failure
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_the_folder_cannot_fill_the_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    program = "for i in range(64):\n    open(f'f{i}', 'wb').write(b'x' * (15 << 20))\nassert False, 'all written'"
+    failure = run_tests(program)
+    assert failure is not None and f"more than {TEST_DISK >> 20} MiB" in failure, failure
+    assert list(tmp_path.iterdir()) == []
