@@ -33,7 +33,7 @@ from ._fingerprint import adopt_pinned, make_fingerprint
 from ._index import Embedder, Hit
 from ._invariance import InvarianceReport, LookupBatch, SequenceBatch
 from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, load_key
-from ._models import file_sha256, model_for
+from ._models import check_unchanged, file_identity, file_sha256, model_for
 from ._planner import Planner
 from ._prompts import PromptTokens
 from ._request import Plan, Request, check_question, request_config
@@ -112,6 +112,7 @@ class GraftEngine:
         self._worker = Worker()
         try:
             self.model_sha256 = file_sha256(self.backend.model_path)
+            self._model_identity = file_identity(self.backend.model_path)
             runtime = self._worker.call(self.backend.runtime_facts)
             self.fingerprint = make_fingerprint(
                 template=self.template.name, gguf_sha256=self.model_sha256, runtime=runtime, llama=self.config.llama
@@ -386,6 +387,7 @@ class GraftEngine:
         """Route ``request`` and restore or prefill it into the backend's current sequence: how to decode it
         (with ``lookup``, the batch lookup decoding may verify; without, step decoding)."""
         start = time.perf_counter()
+        check_unchanged(self.backend.model_path, self._model_identity, "the served model's")
         phases: dict[str, float] = {}
         plan = self._planner.plan(request, config, phases)
         if lookup:

@@ -29,7 +29,7 @@ from ._config import LlamaConfig
 from ._exceptions import ConfigError, ContextOverflowError
 from ._fingerprint import make_fingerprint
 from ._judge_starts import JudgeStarts, StartStore
-from ._models import file_sha256, model_name_of, resolve_model
+from ._models import check_unchanged, file_identity, file_sha256, model_name_of, resolve_model
 from ._numerals import NUMERALS_PROMPT, numerals_turns, written_numbers
 from ._paths import cache_root
 from ._rewording import CHANGE, KEEP, REWORDING_PROMPT, REWORDING_THRESHOLD, REWORDING_VETO, edited, log_likelihood
@@ -328,6 +328,7 @@ class Judge:
         self._fed: list[int] = []  # what the backend's cells hold
         self._cache: OrderedDict[tuple[str, str], _Seen] = OrderedDict()  # what is known of each pair so far
         self._cache_size = cache_size
+        self._identity = file_identity(backend.model_path)  # a replaced or truncated file is refused, not read
 
     def __call__(
         self,
@@ -412,6 +413,7 @@ class Judge:
 
     def view_margin(self, view: int, problem: str, question: str, answer: str | None = None) -> float:
         """The Yes-minus-No logit margin of one view of a pair, computed now."""
+        check_unchanged(self.backend.model_path, self._identity, "the judge's model")
         tokens, n_start = self._prompt(self.views[view], problem, question, answer)
         reuse = self._reach(self._start_of[view], tokens, n_start, len(tokens) - 1)  # the last is always fed
         self._fed = []  # until the prefill below has succeeded

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,11 +133,9 @@ def check_judge(judge: Judge, threshold: float, folder: Path | None = None) -> J
     (at most 16 pairs) and saved there."""
     path = None if folder is None else folder / f"check-{_key(judge.fingerprint, threshold)}.json"
     if path is not None and path.is_file():
-        try:
-            saved = json.loads(path.read_text())
-            return JudgeCheck(saved["model"], saved["threshold"], tuple(saved["same"]), tuple(saved["different"]))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            logger.warning("judge check %s is unreadable (%s); checking again", path.name, exc)
+        saved = _saved_check(path, judge, threshold)
+        if saved is not None:
+            return saved
     logger.info("checking whether %s can judge (once for this model and runtime)", judge.model_id)
     margins: dict[bool, list[float]] = {True: [], False: []}
     needed = (_N_SAME + 1) // 2
@@ -153,6 +152,27 @@ def check_judge(judge: Judge, threshold: float, folder: Path | None = None) -> J
             atomic_write(path, json.dumps(asdict(check)).encode())
         except OSError as exc:
             logger.warning("could not save the judge check in %s: %s", folder, exc)
+    return check
+
+
+def _saved_check(path: Path, judge: Judge, threshold: float) -> JudgeCheck | None:
+    """The check saved at ``path`` if it is well formed and its first near-miss's margin is what ``judge``
+    computes now, bitwise (a margin is deterministic for a runtime): a cache is never trusted as found, and
+    never fails a command. ``None``: check again."""
+    try:
+        saved = json.loads(path.read_text())
+        check = JudgeCheck(str(saved["model"]), float(saved["threshold"]),
+                           tuple(map(float, saved["same"])), tuple(map(float, saved["different"])))  # fmt: skip
+        if check.threshold != threshold or not check.different or len(check.different) > _N_DIFFERENT:
+            raise ValueError("it is not a check at this threshold")
+        if len(check.same) > _N_SAME or not all(math.isfinite(m) for m in check.same + check.different):
+            raise ValueError("its margins are not the check's")
+        problem, answer, question, _ = next(pair for pair in CHECK_PAIRS if not pair[3])
+        if judge(problem, question, answer=answer, threshold=threshold).margin != check.different[0]:
+            raise ValueError("its first margin is not what this judge computes")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, StopIteration) as exc:
+        logger.warning("judge check %s is not used (%s); checking again", path.name, exc)
+        return None
     return check
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ._exceptions import ConfigError, KVGraftError, ModelError
+from ._exceptions import BackendError, ConfigError, KVGraftError, ModelError
 
 __all__ = [
     "CATALOGUE",
@@ -139,6 +139,24 @@ def _update_memo(memo_path: Path, update: Callable[[dict[str, str]], None]) -> d
         tmp.write_text(json.dumps(memo, indent=0, sort_keys=True))
         os.replace(tmp, memo_path)
     return memo
+
+
+def file_identity(path: str | Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime in ns) of a file, or ``None`` when it cannot be read. A memory-mapped model
+    whose file is replaced or truncated under it kills the process on its next read (SIGBUS), so the engine
+    and the judge compare this before each use (`check_unchanged`)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_unchanged(path: str | Path, identity: tuple[int, int, int, int] | None, what: str) -> None:
+    """Raise `BackendError` when the file at ``path`` is no longer the one whose `file_identity` was
+    ``identity`` (replaced, truncated, rewritten or removed): ``what`` is memory-mapped from it."""
+    if identity is not None and file_identity(path) != identity:
+        raise BackendError(f"{what} file {path} changed on disk since it was opened: restart to load it again")
 
 
 def file_sha256(path: str | Path, *, cache_dir: Path | None = None) -> str:

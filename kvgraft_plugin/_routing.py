@@ -218,12 +218,19 @@ class LibraryRouting:
         question on and stored in the library (signed again with ``key``; see `Library.add_aliases`)."""
         for (model, threshold, _), deferred in self._deferred.items():
             if deferred.pending:
-                if not self._may_approve(deferred.judge, threshold):
+                try:
+                    if not self._may_approve(deferred.judge, threshold):
+                        deferred.clear()
+                        continue
+                    alias = deferred.judge_next(model=model, prompt=JUDGE_PROMPT, entry_sha256=source_sha256)
+                except KVGraftError as exc:  # a judge that fails is not asked again in this process
+                    logger.warning("the judge %s failed: %s; its waiting pairs are dropped", model, exc)
                     deferred.clear()
                     continue
-                alias = deferred.judge_next(model=model, prompt=JUDGE_PROMPT, entry_sha256=source_sha256)
-                if alias is not None and self.library is not None:
-                    self.aliases[alias.key] = alias
+                if alias is None or self.revoked.get(alias.key) == alias.entry_id:
+                    return None
+                self.aliases[alias.key] = alias
+                if self.library is not None:
                     self.library.add_aliases([alias], key=key)
                 return alias
         return None

@@ -4,11 +4,15 @@ traceback, and nothing is lost or written outside."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from test_aliases import served  # noqa: F401  (the fixture: a library built on the scripted fake backend)
 
 from kvgraft_plugin import Library
+from kvgraft_plugin._exceptions import BackendError
+from kvgraft_plugin._models import file_identity
 from kvgraft_plugin.cli import main
 
 DEEP = "[" * 5000 + "]" * 5000  # past Python's recursion limit for json.loads
@@ -47,3 +51,33 @@ def test_a_tampered_signed_manifest_is_refused_as_unsigned_not_a_crash(served): 
     (lib / "manifest.json").write_text(DEEP)
     library = Library.open(lib, key=key)
     assert not library.trusted and "signature" in library.untrusted_reason
+
+
+def test_a_model_file_replaced_while_serving_is_refused_before_it_is_read(served, tmp_path):  # noqa: F811
+    lib, open_engine = served
+    engine = open_engine(lib, judge_model="off")
+    assert engine.ask("What is 17 times 23?", max_tokens=4, stop=[]).route == "graft"
+    model = Path(engine.backend.model_path)
+    with model.open("r+b") as f:  # truncated in place, as the hostile pass did to the mapped GGUF
+        f.truncate(3)
+    with pytest.raises(BackendError, match="changed on disk since it was opened"):
+        engine.ask("What is 17 times 23?", max_tokens=4, stop=[])
+
+
+def test_a_judge_whose_file_changed_refuses_instead_of_reading_it(tmp_path):
+    from kvgraft_plugin._judge import Judge
+
+    model = tmp_path / "judge.gguf"
+    model.write_bytes(b"judge weights")
+
+    class Backend:
+        model_path = model
+
+        def tokenize(self, text, *, add_bos=True, special=True):
+            return [1]
+
+    judge = Judge.__new__(Judge)  # only the file check is exercised: no prompt is built before it
+    judge.backend, judge._identity = Backend(), file_identity(model)
+    model.write_bytes(b"other weights, longer")
+    with pytest.raises(BackendError, match="judge's model file"):
+        judge.view_margin(0, "p", "q")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,7 +52,7 @@ def test_the_verdict_is_kept_per_runtime_and_threshold(tmp_path):
     first = ScriptedJudge(same=2.0, different=-3.0)
     saved = check_judge(first, -1.0, tmp_path)
     again = ScriptedJudge(same=2.0, different=-3.0)
-    assert check_judge(again, -1.0, tmp_path) == saved and again.asked == 0
+    assert check_judge(again, -1.0, tmp_path) == saved and again.asked == 1  # one margin, checked bitwise
     other = ScriptedJudge(same=2.0, different=0.5, runtime="b")
     assert not check_judge(other, -1.0, tmp_path).passed and other.asked == 1  # another runtime: asked
     assert check_judge(ScriptedJudge(2.0, -3.0), 0.5, tmp_path).threshold == 0.5  # another threshold: asked
@@ -105,3 +106,17 @@ def test_behind_the_word_guards_the_judge_is_a_veto_with_a_threshold_of_its_own(
     assert calibrated.judge(EngineConfig(profile="math"))[1:] == (VETO_THRESHOLD, "math")
     library.routing = {"judge": {**record, "profile": "math", "threshold": -2.5}}
     assert _routing.LibraryRouting(library, "minilm").judge(EngineConfig())[1:] == (-2.5, "math")
+
+
+def test_a_forged_or_malformed_check_is_never_trusted_and_never_fails_a_command(tmp_path):
+    """Issue 49: a forged 92-byte check file made SmolLM2 the served judge; a malformed one crashed commands."""
+    yes_man = ScriptedJudge(same=2.0, different=0.5)  # fails the check: it lets near-misses through
+    assert not check_judge(yes_man, -1.0, tmp_path).passed
+    (path,) = tmp_path.glob("check-*.json")
+    forged = {"model": "scripted", "threshold": -1.0, "same": [9.0] * 4, "different": [-9.0] * 8}
+    for text in (json.dumps(forged), '{"model": 1, "threshold": -1.0, "same": ["a"], "different": ["b"]}',
+                 json.dumps({**forged, "same": [float("nan")]}), "[" * 5000, "null"):  # fmt: skip
+        path.write_text(text)
+        again = ScriptedJudge(same=2.0, different=0.5)
+        check = check_judge(again, -1.0, tmp_path)
+        assert not check.passed and again.asked >= 1, text[:40]
