@@ -328,7 +328,9 @@ class Judge:
         self._fed: list[int] = []  # what the backend's cells hold
         self._cache: OrderedDict[tuple[str, str], _Seen] = OrderedDict()  # what is known of each pair so far
         self._cache_size = cache_size
-        self._identity = file_identity(backend.model_path)  # a replaced or truncated file is refused, not read
+        # a replaced or truncated model file is refused, never read (`check_unchanged`)
+        self._path = getattr(backend, "model_path", None)
+        self._identity = None if self._path is None else file_identity(self._path)
 
     def __call__(
         self,
@@ -413,7 +415,7 @@ class Judge:
 
     def view_margin(self, view: int, problem: str, question: str, answer: str | None = None) -> float:
         """The Yes-minus-No logit margin of one view of a pair, computed now."""
-        check_unchanged(self.backend.model_path, self._identity, "the judge's model")
+        check_unchanged(self._path, self._identity, "the judge's model")
         tokens, n_start = self._prompt(self.views[view], problem, question, answer)
         reuse = self._reach(self._start_of[view], tokens, n_start, len(tokens) - 1)  # the last is always fed
         self._fed = []  # until the prefill below has succeeded

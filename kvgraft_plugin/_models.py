@@ -152,10 +152,10 @@ def file_identity(path: str | Path) -> tuple[int, int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def check_unchanged(path: str | Path, identity: tuple[int, int, int, int] | None, what: str) -> None:
+def check_unchanged(path: str | Path | None, identity: tuple[int, int, int, int] | None, what: str) -> None:
     """Raise `BackendError` when the file at ``path`` is no longer the one whose `file_identity` was
     ``identity`` (replaced, truncated, rewritten or removed): ``what`` is memory-mapped from it."""
-    if identity is not None and file_identity(path) != identity:
+    if identity is not None and path is not None and file_identity(path) != identity:
         raise BackendError(f"{what} file {path} changed on disk since it was opened: restart to load it again")
 
 

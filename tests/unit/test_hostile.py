@@ -77,7 +77,7 @@ def test_a_judge_whose_file_changed_refuses_instead_of_reading_it(tmp_path):
             return [1]
 
     judge = Judge.__new__(Judge)  # only the file check is exercised: no prompt is built before it
-    judge.backend, judge._identity = Backend(), file_identity(model)
+    judge.backend, judge._path, judge._identity = Backend(), model, file_identity(model)
     model.write_bytes(b"other weights, longer")
     with pytest.raises(BackendError, match="judge's model file"):
         judge.view_margin(0, "p", "q")
