@@ -71,7 +71,12 @@ def test_ask_json_contract(cli_library):
     assert out["route"] == "graft" and out["entry_id"] == "mul" and out["fallback_reason"] is None
     assert out["text"] == "391" and out["restored_tokens"] > 0 and out["ttft_ms"] > 0
     assert out["decode"] == "lookup" and out["decode_ms"] > 0 and 0 <= out["accepted_tokens"] <= out["drafted_tokens"]
-    assert {"embed", "search", "check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
+    assert {"check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
+    # the entry's own problem: grafted as exact text, no search and no guard
+    assert out["match"] == [{"guard": "exact", "entry_id": "mul", "passed": True, "reason": "the entry's own problem"}]
+    reworded = run("ask", "--library", lib, "--n-threads", 2, "--json", "--max-tokens", 2, "what is 17 times 23?")
+    out = json.loads(reworded.stdout.strip().splitlines()[-1])
+    assert out["route"] == "graft" and {"embed", "search"} <= set(out["phases_ms"])
     assert [v["guard"] for v in out["match"]] == ["threshold", *(name for name, _ in DEFAULT_GUARDS)]
     assert [v["guard"] for v in out["match"][6:8]] == ["swap", "operators"]  # the shape guards, after "prefix"
     assert all(v["passed"] and v["entry_id"] == "mul" for v in out["match"])

@@ -227,7 +227,8 @@ def test_behind_the_word_guards_the_real_judge_only_vetoes_a_clear_no(qwen):
     # and what they pass meets the judge at the veto's threshold
     refused = qwen.ask(BOIL_REWORDED, max_tokens=8, routing={"profile": "math"})
     assert refused.route == "plain" and not any(v["guard"] == "judge" for v in refused.match)
-    graft = qwen.ask(BOIL.problem, max_tokens=40, routing={"profile": "math"})
+    recased = BOIL.problem[0].lower() + BOIL.problem[1:]  # not the entry's exact text, which grafts before a judge
+    graft = qwen.ask(recased, max_tokens=40, routing={"profile": "math"})
     verdicts = [v for v in graft.match if v["guard"] == "judge"]
     assert graft.route == "graft" and [v["passed"] for v in verdicts] == [True]
     assert f"{VETO_THRESHOLD:+.2f}" in verdicts[0]["reason"]
