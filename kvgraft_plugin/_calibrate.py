@@ -8,6 +8,7 @@ possible) and, among those, routes the most covered queries right; ties take the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,9 @@ from ._judge import CLOSE_MARGIN, SMALL_EDIT, clear_yes
 from ._numerals import written_numbers
 from ._rewording import REWORDING_THRESHOLD, REWORDING_VETO
 
-__all__ = ["CurvePoint", "calibrate", "calibrate_judge"]
+__all__ = ["CurvePoint", "calibrate", "calibrate_judge", "labelled_queries"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,28 @@ def _point(explained: Explained, threshold: float) -> CurvePoint:
     return CurvePoint(threshold, right, wrong, sum(1 for expect, _ in explained if expect is not None))
 
 
-def calibrate(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> tuple[CurvePoint, list[CurvePoint]]:
-    """The chosen point and the curve it was chosen from (one point per distinct candidate score)."""
+def labelled_queries(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The queries labelled with ``expect_entry`` that can be routed: an empty question is left out (and
+    logged); a label naming no entry of the library is a `ConfigError` that lists them, since counting it
+    as a wrong graft would bias the chosen threshold."""
     labelled = [q for q in queries if "expect_entry" in q]
     if not labelled:
         raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
+    entries = engine.library.entries if engine.library is not None else {}
+    named = [q for q in labelled if q["expect_entry"] is not None]
+    unknown = sorted({str(q["id"]) for q in named if q["expect_entry"] not in entries})
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise ConfigError(f"expect_entry names no entry of the library in queries {shown}")
+    empty = [str(q["id"]) for q in labelled if not str(q.get("question") or "").strip()]
+    if empty:
+        logger.warning("calibrate leaves out %d queries with an empty question (%s)", len(empty), ", ".join(empty[:5]))
+    return [q for q in labelled if str(q.get("question") or "").strip()]
+
+
+def calibrate(engine: GraftEngine, queries: Sequence[Mapping[str, Any]]) -> tuple[CurvePoint, list[CurvePoint]]:
+    """The chosen point and the curve it was chosen from (one point per distinct candidate score)."""
+    labelled = labelled_queries(engine, queries)
     explained: Explained = [(q.get("expect_entry"), engine.explain(q["question"])) for q in labelled]
     scores = sorted({round(score, 4) for _, cands in explained for _, score, _ in cands} | {0.3, 0.95})
     curve = [_point(explained, threshold) for threshold in scores]
@@ -122,9 +142,7 @@ def calibrate_judge(
     rewording check passes (`kvgraft_plugin._rewording`; scored for every small edit, and refusing one read as
     a changed problem even with a clear Yes), or
     the entry with its numbers written in words that read back as its own (`kvgraft_plugin._numerals`)."""
-    labelled = [q for q in queries if "expect_entry" in q]
-    if not labelled:
-        raise ConfigError("calibrate needs queries labelled with expect_entry (an entry id or null)")
+    labelled = labelled_queries(engine, queries)
     config = engine.config.replace(judge_model=judge_model, judge_threshold=float("-inf"), profile=profile)
 
     def explain_all() -> Judged:

@@ -333,7 +333,7 @@ def parse_query(obj: Any) -> dict[str, Any]:
     other fields are kept as they are. An empty question is allowed: it is answered by an error row."""
     if not isinstance(obj, dict):
         raise ValueError('expected {"id": str, "question": str, ...}')
-    check_text(obj.get("id"), "id")
+    check_id(obj.get("id"))  # a query's id is printed in tables and logs as an entry's is
     if not isinstance(obj.get("question"), str):
         raise ValueError("'question' must be a string")
     for name in QUERY_TEXT_FIELDS:
@@ -700,7 +700,7 @@ class Library:
         structure, are `kvgraft_plugin._states.StateLoader`'s to check (before this read).
         """
         self.store.ensure(record.state_file)  # FileNotFoundError -> "missing"
-        buf = read_file(self.path / record.state_file)  # FileNotFoundError -> "missing"
+        buf = read_file(self.path / record.state_file, root=self.path)  # FileNotFoundError -> "missing"
         try:
             state = decode_state(buf, expected_digest=record.state_digest)
         except IntegrityError:

@@ -168,15 +168,17 @@ def check_fingerprint(saved: Mapping[str, Any], runtime: Mapping[str, Any]) -> N
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 
 
-def read_file(path: Path) -> bytearray:
+def read_file(path: Path, *, root: Path | None = None) -> bytearray:
     """Read a whole regular file with one ``readinto`` into a writable buffer.
 
     A symlink or anything but a regular file (a FIFO, a device, a folder) is refused with `IntegrityError`
     before it is opened: a library's files are its own, and a link could make it read a file outside it,
-    or a FIFO block the reader. A missing file raises `FileNotFoundError`."""
+    or a FIFO block the reader. With ``root`` (the library's folder, which ``path`` lies in), no folder between
+    them may be a symlink either (a linked ``states/``): the path is opened one folder at a time from
+    ``root``, none followed. A missing file raises `FileNotFoundError`."""
     _check_regular(path, os.lstat(path).st_mode)
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS) if root is None else _open_under(root, path.relative_to(root))
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # replaced by a symlink since the lstat
             raise IntegrityError(f"{path.name} is a symlink: a library's files must be its own") from exc
@@ -194,6 +196,29 @@ def read_file(path: Path) -> bytearray:
                 raise IntegrityError(f"{path.name} shrank while being read")
             got += n
     return buf
+
+
+def _open_under(root: Path, rel: Path) -> int:
+    """Open ``root / rel`` for reading, walking its folders from ``root`` without following a symlink."""
+    if os.open not in os.supports_dir_fd:  # no dir_fd here (Windows): check each folder, then open
+        for depth in range(1, len(rel.parts)):
+            if (root / Path(*rel.parts[:depth])).is_symlink():
+                raise IntegrityError(f"{rel.parts[depth - 1]}/ is a symlink: a library's folders must be its own")
+        return os.open(root / rel, _OPEN_FLAGS)
+    folder = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for part in rel.parts[:-1]:
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise IntegrityError(f"{part}/ is a symlink: a library's folders must be its own") from exc
+                raise
+            os.close(folder)
+            folder = inner
+        return os.open(rel.parts[-1], _OPEN_FLAGS, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def is_regular_file(path: Path) -> bool:

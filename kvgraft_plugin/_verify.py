@@ -103,6 +103,7 @@ def _verify_index(engine: GraftEngine, *, repair: bool) -> VerifyRow:
     if not repair:
         return VerifyRow("(index)", False, reason)
     _update_index(library, engine, None, rebuild_all=True)
+    library.publish(library.index["file"])  # a URL library uploads the rebuilt index before its manifest
     library.save()
     engine.routing.reload()
     return VerifyRow("(index)", False, reason, repaired=True)

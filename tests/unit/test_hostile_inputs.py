@@ -81,3 +81,20 @@ def test_a_judge_whose_file_changed_refuses_instead_of_reading_it(tmp_path):
     model.write_bytes(b"other weights, longer")
     with pytest.raises(BackendError, match="judge's model file"):
         judge.view_margin(0, "p", "q")
+
+
+def test_calibrate_refuses_a_label_naming_no_entry_and_leaves_out_an_empty_question(served):  # noqa: F811
+    from kvgraft_plugin._calibrate import calibrate
+    from kvgraft_plugin._exceptions import ConfigError
+
+    lib, open_engine = served
+    engine = open_engine(lib)
+    stale = [{"id": "q1", "question": "What is 17 times 23?", "expect_entry": "gone"}]
+    with pytest.raises(ConfigError, match="expect_entry names no entry of the library in queries q1"):
+        calibrate(engine, stale)  # before: counted as a wrong graft, which biased the threshold
+    rows = [
+        {"id": "q1", "question": "What is 17 times 23?", "expect_entry": "mul"},
+        {"id": "q2", "question": " ", "expect_entry": None},  # before: QueryError aborted the whole run
+    ]
+    chosen, _ = calibrate(engine, rows)
+    assert (chosen.right, chosen.wrong, chosen.covered) == (1, 0, 1)

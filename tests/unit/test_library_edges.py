@@ -259,6 +259,31 @@ def first_record(lib: Path):
     return library, library.get(ENTRIES[0].id)
 
 
+def test_a_states_folder_that_is_a_symlink_is_refused_unread(lib, tmp_path):
+    library, record = first_record(lib)
+    states = lib / Path(record.state_file).parent
+    outside = tmp_path / "outside-states"
+    shutil.copytree(states, outside)  # valid copies: followed, they would be served
+    shutil.rmtree(states)
+    states.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(IntegrityError, match="is a symlink"):
+        library.read_state(record, library.fingerprint)
+
+
+def test_verify_repair_of_a_url_library_uploads_the_rebuilt_index(memory_library, lib, fake, tmp_path):
+    import fsspec
+
+    from kvgraft_plugin._verify import verify_library
+
+    fs, remote = fsspec.filesystem("memory"), memory_library.removeprefix("memory://")
+    name = manifest(lib)["index"]["file"]
+    fs.pipe_file(f"{remote}/{name}", b"not an index")  # damaged where the library lives
+    rows = verify_library(fake(memory_library, cache_dir=tmp_path / "fetched"), repair=True)
+    assert rows[-1].id == "(index)" and rows[-1].repaired, rows[-1]
+    again = verify_library(fake(memory_library, cache_dir=tmp_path / "fresh"))  # a fresh download
+    assert again[-1].ok, again[-1]
+
+
 def test_a_state_file_symlinked_outside_the_library_is_refused_unread(lib, tmp_path):
     library, record = first_record(lib)
     state = lib / record.state_file

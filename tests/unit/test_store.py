@@ -257,6 +257,10 @@ def test_the_cache_root_follows_xdg_then_home(tmp_path, monkeypatch):
         (['{"id": "a", "question": "q"}', "[1]"], ':2: expected {"id": str, "question": str, ...}'),
         (['{"id": "", "question": "q"}'], ":1: 'id' must be a non-empty string"),
         (['{"id": "a"}'], ":1: 'question' must be a string"),
+        # a query id is printed in tables and logs: no escape sequence, newline or bidirectional override
+        (['{"id": "a\\u001b[31m", "question": "q"}'], ":1: 'id' must not contain control characters"),
+        (['{"id": "a\\nb", "question": "q"}'], ":1: 'id' must not contain control characters"),
+        (['{"id": "a\\u202eb", "question": "q"}'], ":1: 'id' must not contain control characters"),
         (['{"id": "a", "question": "q", "expect_entry": 3}'], ":1: 'expect_entry' must be a string or null"),
         (['{"id": "a", "question": "q", "id": "b"}'], ":1: duplicate key 'id'"),
         (['{"id": "a", "question": "q"'], ":1: "),
