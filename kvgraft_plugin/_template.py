@@ -32,6 +32,7 @@ Two templates, stored in the library:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -366,7 +367,18 @@ class ChatTemplate:
         return self._split(f"{head}{question.strip()}{same}", history, same_as, fenced=fenced)[2]
 
     def stop(self, question: str | None = None) -> tuple[str, ...]:
-        return default_stop(self.fmt, "chat", fenced=self._fenced(question))
+        """`default_stop`, and the end-of-turn marker written out as text (``<|im_end|>``): a model that
+        spells it in plain tokens (echoing a question that holds it) ends its turn there too."""
+        marker = self._end_of_turn
+        return default_stop(self.fmt, "chat", fenced=self._fenced(question)) + ((marker,) if marker else ())
+
+    @functools.cached_property
+    def _end_of_turn(self) -> str:
+        """The markup the template writes right after an assistant turn's text, up to its first space or
+        newline (``<|im_end|>``, ``<end_of_turn>``), or ``""`` when it writes none."""
+        rendered = self.render([("user", "\ue0000\ue001"), ("assistant", "\ue0001\ue001")], False)
+        after = rendered.partition("\ue0001\ue001")[2].strip()
+        return after.split()[0] if after else ""
 
     def _fenced(self, problem: str | None) -> bool:
         """A function prompt in the ``solution`` format: its answer is a ``python`` code block."""

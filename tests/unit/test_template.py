@@ -77,7 +77,8 @@ def test_chat_template_cuts_the_prefix_at_a_turn_boundary_and_marks_only_markup_
     # special-token syntax typed by a user stays text: only the template's markup is special
     assert all(not s.special for s in query if "2+2" in s.text)
     assert all(s.special == s.text.startswith("<|im_") for s in prefix + query if s.text != "Answer:")
-    assert template.stop() == ("\n",) and template.name == template_id("answer", "chat") != template_id("answer")
+    assert template.stop() == ("\n", "<|im_end|>")
+    assert template.name == template_id("answer", "chat") != template_id("answer")
 
 
 def test_chat_solution_is_the_assistant_turn_verbatim_and_ends_at_the_end_of_turn():
@@ -86,7 +87,7 @@ def test_chat_solution_is_the_assistant_turn_verbatim_and_ends_at_the_end_of_tur
     prefix = template.prefix(derivation)
     assert Segment("  Divide by 2:\n\n  x = 3") in prefix  # the first line's indentation kept
     assert template.query(derivation.problem)[-1] == Segment("<|im_end|>\n<|im_start|>assistant\n", special=True)
-    assert template.stop(derivation.problem) == () and template.trim("    return 1") == "    return 1"
+    assert template.stop(derivation.problem) == ("<|im_end|>",) and template.trim("    return 1") == "    return 1"
     assert template.name.endswith("+chat:chatml")
 
 
@@ -96,10 +97,10 @@ def test_chat_solution_of_a_function_prompt_is_a_fenced_block_and_stops_at_its_c
     prefix, query = template.prefix(fn), template.query(fn.problem, same_as=fn)
     assert Segment('```python\ndef dbl(x):\n    """Twice x."""\n    return 2 * x\n```') in prefix
     assert query[-2:] == (Segment("<|im_end|>\n<|im_start|>assistant\n", special=True), Segment("```python\n"))
-    assert template.stop(fn.problem) == ("\n```",)
+    assert template.stop(fn.problem) == ("\n```", "<|im_end|>")
     # plain decoding of the same question opens the same block; prose questions are answered as before
     assert (template.preamble() + template.query(fn.problem))[-1] == Segment("```python\n")
-    assert template.query("Explain recursion.")[-1].special and template.stop("Explain recursion.") == ()
+    assert template.query("Explain recursion.")[-1].special and template.stop("Explain recursion.") == ("<|im_end|>",)
     assert template.name == "solved-v4+solution+chat:gguf"  # another rendering than v2's: rebuilt
     assert make_template("text", "solution").stop(fn.problem) == (f"\n{END_OF_SOLUTION}",)
 
@@ -141,3 +142,21 @@ def test_a_matched_function_prompt_is_restated_in_the_questions_names():
     # a name that is also a common word stays in the docstring's prose, and is renamed in the signature
     got = renamed_like('def f(a, b):\n    """Add a and b."""', 'def g(x, y):\n    """Sum."""')
     assert got == 'def g(x, y):\n    """Add a and y."""'
+
+
+def gemma(messages, add_generation_prompt):
+    """Gemma 3's template, in Python (no system turn)."""
+    out = "<bos>" + "".join(
+        f"<start_of_turn>{'model' if role == 'assistant' else role}\n{content}<end_of_turn>\n"
+        for role, content in messages
+    )
+    return out + ("<start_of_turn>model\n" if add_generation_prompt else "")
+
+
+@pytest.mark.parametrize(("render", "marker"), [(chatml, "<|im_end|>"), (gemma, "<end_of_turn>")])
+def test_a_chat_answer_stops_at_its_end_of_turn_marker_written_as_text(render, marker):
+    # a model that echoes a question holding the marker spells it in plain tokens, which are no end of
+    # generation: the answer must not carry it (found by the hostile pass, issue 49)
+    for fmt in ("answer", "solution"):
+        assert ChatTemplate(render, fmt).stop()[-1] == marker
+    assert ChatTemplate(lambda messages, add: "".join(c for _, c in messages), "solution").stop() == ()
