@@ -415,7 +415,6 @@ class Judge:
 
     def view_margin(self, view: int, problem: str, question: str, answer: str | None = None) -> float:
         """The Yes-minus-No logit margin of one view of a pair, computed now."""
-        check_unchanged(self._path, self._identity, "the judge's model")
         tokens, n_start = self._prompt(self.views[view], problem, question, answer)
         reuse = self._reach(self._start_of[view], tokens, n_start, len(tokens) - 1)  # the last is always fed
         self._fed = []  # until the prefill below has succeeded
@@ -498,7 +497,9 @@ class Judge:
     def _reach(self, kind: str, tokens: list[int], n_start: int, limit: int) -> int:
         """Make the cells hold a prefix of ``tokens[:limit]`` that begins with the start of ``kind`` (its first
         ``n_start`` tokens): restore the start unless they hold it, and drop what follows their longest shared
-        prefix. How many positions they keep."""
+        prefix. How many positions they keep. Every scoring (a view, the rewording check, the numerals) comes
+        through here first, so a replaced or truncated model file is refused before llama.cpp reads it."""
+        check_unchanged(self._path, self._identity, "the judge's model")
         start, state = self._start(kind, tokens[:n_start])
         if self._fed[:n_start] != start:  # the cells hold another start
             self._fed = []

@@ -416,6 +416,8 @@ class Router:
         first_sight: what decides a candidate whose deferred judgement (``judge_mode="async"``) is not known
             yet: these guards (the word guards; ``()``: the guards before the judge already were), or ``None``:
             it is refused until the judge has read it.
+        unavailable: why the configured judge could not be opened here (``None``: it could, or there is
+            none): routing goes on without it, and each candidate's trail says so.
     """
 
     def __init__(
@@ -434,6 +436,7 @@ class Router:
         judge_threshold: float = DEFAULT_THRESHOLD,
         revoked: Mapping[str, str] | None = None,
         first_sight: Sequence[tuple[str, Guard]] | None = None,
+        unavailable: str | None = None,
     ) -> None:
         self._embed, self._search, self._entries = embed, search, entries
         self.threshold, self.margin, self.neighbors = threshold, margin, neighbors
@@ -443,6 +446,7 @@ class Router:
         self.judge_threshold = judge_threshold
         self.revoked: Mapping[str, str] = revoked if revoked is not None else {}
         self.first_sight = None if first_sight is None else tuple(first_sight)
+        self.unavailable = unavailable
         self._exact = {alias_key(entry.problem): entry_id for entry_id, entry in sorted(entries.items())}
 
     def route(self, question: str) -> Match | NoMatch:
@@ -577,6 +581,8 @@ class Router:
         if self.revoked.get(alias_key(c.question)) == c.entry.id:
             trail.append(GuardVerdict("revoked", c.entry.id, False, "a user revoked this question for this entry"))
             return trail[-1]
+        if self.unavailable is not None:
+            trail.append(GuardVerdict("judge", c.entry.id, True, f"no judge: {self.unavailable}"))
         guards, judge = self.guards, self.judge
         if judge is not None and guards and c.problem.function_prompt and c.query.function_prompt:
             guards, judge = DEFAULT_GUARDS, None

@@ -51,7 +51,7 @@ class LibraryRouting:
         self._index: VectorIndex | None = None
         self._routers: dict[tuple[Any, ...], Router] = {}
         self._judges: dict[str, Judge] = {}
-        self._unavailable: set[str] = set()  # the library's judges that are not on this machine (logged once)
+        self._unavailable: dict[str, str] = {}  # judges that cannot be opened here, and why (logged once)
         self._checked: dict[float, bool] = {}  # the served model's judge check, per threshold
         self._function_prompts: bool | None = None
         self._deferred: dict[tuple[str, float, bool], DeferredJudge] = {}
@@ -139,8 +139,9 @@ class LibraryRouting:
         threshold, margin = self.threshold(config), self.margin(config)
         judged = self.judge(config)
         judge_threshold = judged[1] if judged is not None else self.judge_threshold(config)
+        unavailable = self.unavailable(config) if judged is None else None
         key = (threshold, margin, config.neighbors, config.guards, config.match_check, judged and judged[1:],
-               config.judge_mode, judge_threshold)  # fmt: skip
+               config.judge_mode, judge_threshold, unavailable)  # fmt: skip
         router = self._routers.get(key)
         if router is None:
             words = judged is None or judged[2] == "math"
@@ -159,6 +160,7 @@ class LibraryRouting:
                 judge_threshold=judge_threshold,
                 revoked=self.revoked,
                 first_sight=None if not config.guards else () if words else DEFAULT_GUARDS,
+                unavailable=unavailable,
             )
         return router
 
@@ -265,7 +267,7 @@ class LibraryRouting:
         model = config.judge_model or recorded.get("model")
         if not model:
             return self._served_judge(config)
-        if model == "off" or (model in self._unavailable and not config.judge_model):
+        if model == "off" or model in self._unavailable:
             return None
         judge = self._judges.get(model)
         if judge is None:
@@ -274,8 +276,8 @@ class LibraryRouting:
             except KVGraftError as exc:
                 if config.judge_model and isinstance(exc, ConfigError):
                     raise
-                self._unavailable.add(model)
-                logger.warning("the judge %s cannot be opened (%s): routing without a judge", model, exc)
+                self._unavailable[model] = f"the judge {model} cannot be opened ({exc})"
+                logger.warning("%s: routing without a judge", self._unavailable[model])
                 return None
         threshold, profile = self._judge_setting(config, model)
         return judge, threshold, profile
@@ -286,6 +288,13 @@ class LibraryRouting:
         recorded = self.library.routing.get("judge") if self.library is not None else None
         model = config.judge_model or (recorded.get("model") if isinstance(recorded, dict) else None)
         return self._judge_setting(config, model)[0]
+
+    def unavailable(self, config: EngineConfig) -> str | None:
+        """Why the judge in force for ``config`` could not be opened or checked here (``None``: it could, or
+        none is configured): routing goes on without it, and every trail says why."""
+        recorded = self.library.routing.get("judge") if self.library is not None else None
+        model = config.judge_model or (recorded.get("model") if isinstance(recorded, dict) else None)
+        return self._unavailable.get(str(model or self.served))
 
     def _judge_setting(self, config: EngineConfig, model: str | None) -> tuple[float, str]:
         """(margin threshold, profile) for judge ``model``: the config's, else the library's calibration of
@@ -313,11 +322,18 @@ class LibraryRouting:
         model = str(self.served)
         if self._checked.get(checked) is False:
             return None
-        judge = self._judges.get(model)
-        if judge is None:
-            judge = self._judges[model] = open_judge(self.served, n_threads=config.llama.n_threads)
-        if checked not in self._checked:
-            check = check_judge(judge, checked, cache_root() / "judge")
+        if model in self._unavailable:
+            return None
+        try:
+            judge = self._judges.get(model)
+            if judge is None:
+                judge = self._judges[model] = open_judge(self.served, n_threads=config.llama.n_threads)
+            check = check_judge(judge, checked, cache_root() / "judge") if checked not in self._checked else None
+        except KVGraftError as exc:  # the served model as its judge is a bonus: routing goes on without it
+            self._unavailable[model] = f"the served model cannot judge ({exc})"
+            logger.warning("%s: routing without a judge", self._unavailable[model])
+            return None
+        if check is not None:
             self._checked[checked] = check.passed
             logger.info("%s%s", check.reason, "" if check.passed else ": routing without a judge")
             if not check.passed:

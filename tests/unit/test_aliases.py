@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -373,8 +374,27 @@ def test_a_recorded_judge_that_cannot_be_opened_routes_without_a_judge(served, m
         raise BackendError("failed to load model from corrupt.gguf")
 
     monkeypatch.setattr(_routing, "open_judge", corrupt)
-    answer = open_engine(lib).ask(PARAPHRASE, max_tokens=4, stop=[])
-    assert answer.route == "plain" and answer.text  # answered, not failed
+    engine = open_engine(lib)
+    for question in (PARAPHRASE, ENTRIES[0].problem.lower()):  # refused by the word guards; passed by them
+        answer = engine.ask(question, max_tokens=4, stop=[])
+        assert answer.text  # answered, not failed, and the trail says why no judge decided
+        note = "no judge: the judge corrupt.gguf cannot be opened (failed to load model from corrupt.gguf)"
+        assert {"guard": "judge", "entry_id": "mul", "passed": True, "reason": note} in answer.match, answer.match
+    assert engine.ask(PARAPHRASE, max_tokens=4, stop=[]).route == "plain"
+
+
+def test_a_served_model_that_cannot_judge_routes_without_a_judge(served, monkeypatch):
+    lib, open_engine = served
+
+    def failing(model, **_):
+        raise BackendError("cannot allocate the judge's context")
+
+    monkeypatch.setattr(_routing, "open_judge", failing)
+    engine = open_engine(lib)
+    engine.routing.served = Path(engine.backend.model_path)  # as for an instruct model with a chat template
+    answer = engine.ask(PARAPHRASE, max_tokens=4, stop=[])  # before: the BackendError failed the request
+    assert answer.route == "plain" and answer.text
+    assert any("the served model cannot judge" in (v["reason"] or "") for v in answer.match), answer.match
 
 
 def test_per_request_judge_settings_are_bounded(served):

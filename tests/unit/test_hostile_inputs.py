@@ -12,7 +12,6 @@ from test_aliases import served  # noqa: F401  (the fixture: a library built on 
 
 from kvgraft_plugin import Library
 from kvgraft_plugin._exceptions import BackendError
-from kvgraft_plugin._models import file_identity
 from kvgraft_plugin.cli import main
 
 DEEP = "[" * 5000 + "]" * 5000  # past Python's recursion limit for json.loads
@@ -65,22 +64,27 @@ def test_a_model_file_replaced_while_serving_is_refused_before_it_is_read(served
 
 
 def test_a_judge_whose_file_changed_refuses_instead_of_reading_it(tmp_path):
+    from test_judge import FakeBackend
+
     from kvgraft_plugin._judge import Judge
 
     model = tmp_path / "judge.gguf"
     model.write_bytes(b"judge weights")
-
-    class Backend:
-        model_path = model
-
-        def tokenize(self, text, *, add_bos=True, special=True):
-            return [1]
-
-    judge = Judge.__new__(Judge)  # only the file check is exercised: no prompt is built before it
-    judge.backend, judge._path, judge._identity = Backend(), model, file_identity(model)
+    backend = FakeBackend()
+    backend.model_path = model  # type: ignore[attr-defined]
+    judge = Judge(backend)
+    judge.view_margin(0, "What is 17 times 23?", "Compute 17 times 23.")  # the file as opened: read
+    fed = len(backend.prefilled)
     model.write_bytes(b"other weights, longer")
-    with pytest.raises(BackendError, match="judge's model file"):
-        judge.view_margin(0, "p", "q")
+    # every way the judge reads the model checks the file first: a view, the rewording check, the numerals
+    for score in (
+        lambda: judge.view_margin(1, "What is 17 times 23?", "Compute 17 times 23."),
+        lambda: judge.rewording("What is 17 times 23?", "What is 17 times 24?"),
+        lambda: judge.numerals("What is 17 times 23?", "What is seventeen times 23?"),
+    ):
+        with pytest.raises(BackendError, match="judge's model file"):
+            score()
+    assert len(backend.prefilled) == fed  # nothing was fed to the model after its file changed
 
 
 def test_calibrate_refuses_a_label_naming_no_entry_and_leaves_out_an_empty_question(served):  # noqa: F811
