@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 #: How often at most a library's manifest is checked for changed aliases (`LibraryRouting.refresh`).
 REFRESH_SECONDS = 1.0
+#: How many routers (and deferred judges) are kept, one per distinct routing setting: requests may set their
+#: own thresholds (`kvgraft_plugin._request.request_config`), and each distinct one must not hold memory for
+#: the life of the process. The least recently used goes first.
+MAX_ROUTERS = 32
 
 
 class LibraryRouting:
@@ -49,12 +54,12 @@ class LibraryRouting:
         self._embedder_name = embedder if embedder is None or isinstance(embedder, (str, Path)) else None
         self._embedder = None if embedder is None or isinstance(embedder, (str, Path)) else embedder
         self._index: VectorIndex | None = None
-        self._routers: dict[tuple[Any, ...], Router] = {}
+        self._routers: OrderedDict[tuple[Any, ...], Router] = OrderedDict()
         self._judges: dict[str, Judge] = {}
         self._unavailable: dict[str, str] = {}  # judges that cannot be opened here, and why (logged once)
         self._checked: dict[float, bool] = {}  # the served model's judge check, per threshold
         self._function_prompts: bool | None = None
-        self._deferred: dict[tuple[str, float, bool], DeferredJudge] = {}
+        self._deferred: OrderedDict[tuple[str, float, bool], DeferredJudge] = OrderedDict()
         self.aliases: dict[str, Alias] = _live_aliases(library)
         """The library's aliases whose entry still has the text that was judged; every router reads it."""
         self.revoked: dict[str, str] = dict(library.revoked) if library is not None else {}
@@ -142,11 +147,11 @@ class LibraryRouting:
         unavailable = self.unavailable(config) if judged is None else None
         key = (threshold, margin, config.neighbors, config.guards, config.match_check, judged and judged[1:],
                config.judge_mode, judge_threshold, unavailable)  # fmt: skip
-        router = self._routers.get(key)
+        router = _recent(self._routers, key)
         if router is None:
             words = judged is None or judged[2] == "math"
             guards = DEFAULT_GUARDS if words else JUDGED_GUARDS
-            router = self._routers[key] = Router(
+            router = Router(
                 self.embedder.encode,
                 lambda vector, k: [(h.entry_id, h.score) for h in index.search(vector, k)],
                 {k: r.entry for k, r in library.entries.items()},
@@ -162,6 +167,7 @@ class LibraryRouting:
                 first_sight=None if not config.guards else () if words else DEFAULT_GUARDS,
                 unavailable=unavailable,
             )
+            _keep(self._routers, key, router)
         return router
 
     def refresh(self) -> None:
@@ -196,9 +202,12 @@ class LibraryRouting:
         ``vouched``: behind the word guards, which read small edits and numbers (no clear Yes needed)."""
         if mode == "async":
             key = (judge.model_id, threshold, vouched)
-            deferred = self._deferred.get(key)
+            deferred = _recent(self._deferred, key)
             if deferred is None:
-                deferred = self._deferred[key] = DeferredJudge(judge, threshold, vouched=vouched)
+                deferred = DeferredJudge(judge, threshold, vouched=vouched)
+                for dropped in _keep(self._deferred, key, deferred):
+                    if dropped.pending:
+                        logger.info("%d pairs waiting for a judgement at a setting no longer used", dropped.pending)
             return deferred
 
         def inline(entry: Entry, question: str, score: float) -> JudgeVerdict:
@@ -369,6 +378,19 @@ class LibraryRouting:
         if self.library is not None and self.library.threshold is not None:
             return float(self.library.threshold)
         return SINGLE_ENTRY_THRESHOLD
+
+
+def _recent(cache: OrderedDict[Any, Any], key: Any) -> Any:
+    """``cache[key]``, marked as the most recently used (``None``: absent)."""
+    if key in cache:
+        cache.move_to_end(key)
+    return cache.get(key)
+
+
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> list[Any]:
+    """Store ``value`` under ``key`` as the most recently used; the values dropped to keep `MAX_ROUTERS`."""
+    cache[key] = value
+    return [cache.popitem(last=False)[1] for _ in range(len(cache) - MAX_ROUTERS)]
 
 
 def _default_threshold(profile: str) -> float:

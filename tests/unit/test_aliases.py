@@ -405,3 +405,12 @@ def test_per_request_judge_settings_are_bounded(served):
         with pytest.raises(ConfigError):
             engine.ask(PARAPHRASE, max_tokens=4, routing=routing)
     assert engine.ask(PARAPHRASE, max_tokens=4, routing={"judge_model": "off"}).route == "plain"
+
+
+def test_distinct_per_request_thresholds_keep_a_bounded_number_of_routers_and_deferred_judges(served):
+    lib, open_engine = served
+    engine = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
+    for i in range(_routing.MAX_ROUTERS + 8):  # each a setting of its own, as a client may send
+        routing = {"threshold": 0.1 + i / 1000, "judge_threshold": 1.0 + i / 1000}
+        engine.ask(PARAPHRASE, max_tokens=2, stop=[], routing=routing)
+    assert len(engine.routing._routers) == len(engine.routing._deferred) == _routing.MAX_ROUTERS
