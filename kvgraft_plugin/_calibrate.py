@@ -15,9 +15,8 @@ from typing import Any
 
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
-from ._judge import CLOSE_MARGIN, SMALL_EDIT, clear_yes
+from ._judge import CLOSE_MARGIN, SMALL_EDIT, JudgeVerdict, clear_yes
 from ._numerals import written_numbers
-from ._rewording import REWORDING_THRESHOLD, REWORDING_VETO
 
 __all__ = ["CurvePoint", "calibrate", "calibrate_judge", "labelled_queries"]
 
@@ -108,16 +107,15 @@ Judged = list[tuple[str | None, Candidates]]
 
 
 def _judged_outcome(candidates: Candidates, margin: float) -> str | None:
+    """The entry the router would graft at judge threshold ``margin``: the first candidate no guard refused
+    whose `JudgeVerdict` passes, the one decision the router takes (the rewording score is read only once
+    the margin clears the threshold, as `kvgraft_plugin._judge.Judge` asks it)."""
     for entry_id, _, refusal, judged, clear, rewording, numerals in candidates:
         if refusal is not None or judged is None:
             continue
-        if numerals:
-            return entry_id
-        if judged < margin:
-            continue
-        if rewording is not None and rewording >= REWORDING_THRESHOLD:
-            return entry_id
-        if (clear is None or judged >= CLOSE_MARGIN) and not (rewording is not None and rewording < REWORDING_VETO):
+        bar = CLOSE_MARGIN if clear is not None and margin < CLOSE_MARGIN else margin
+        asked = rewording if judged >= margin else None
+        if JudgeVerdict(judged, bar, 0.0, cached=True, clear_yes=clear, rewording=asked, numerals=numerals).passed:
             return entry_id
     return None
 
