@@ -26,6 +26,7 @@ from typing import Any, cast
 import numpy as np
 
 from ._backend import Backend, BatchBackend
+from ._library import loads_json
 from ._paths import cache_root
 
 __all__ = [
@@ -195,11 +196,55 @@ def cache_path(key: dict[str, Any]) -> Path:
 
 
 def recall(key: dict[str, Any]) -> int | None:
-    """The largest batch measured for ``key`` before (``None``: never measured, or unreadable)."""
+    """The largest batch measured for ``key`` before; ``None`` (measure again): never measured, or the file is
+    unreadable or not a result `measure` gives for ``key`` (`_recalled`). A cache is never trusted as found,
+    and never fails a caller."""
     try:
-        return int(json.loads(cache_path(key).read_text())["max_batch"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return _recalled(loads_json(cache_path(key).read_bytes()), key)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
+        logger.warning("the batch-invariance result kept for this runtime is not used (%s); measuring again", exc)
+        return None
+
+
+#: A report row's fields and their JSON types (a bool is not a number here).
+_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "k": (int,), "start": (int,), "bitwise": (bool,), "max_diff": (int, float), "kl": (int, float),
+    "argmax_same": (bool,),
+}  # fmt: skip
+
+
+def _recalled(saved: Any, key: dict[str, Any]) -> int:
+    """``max_batch`` of a saved report if it is one `measure` (or `measure_sequences`) gives for ``key``: the
+    same key, a whole number from 1 to `MAX_BATCH` (``key``'s ``sequences`` for sequences), and rows that
+    prove it (every k from 2 to it measured, every row up to it bitwise); else `ValueError`."""
+    if not isinstance(saved, dict) or set(saved) != {"key", "max_batch", "rows"}:
+        raise ValueError("it is not a saved report")
+    if json.dumps(saved["key"], sort_keys=True) != json.dumps(key, sort_keys=True):
+        raise ValueError("it was measured for another runtime")
+    sequences = key.get("sequences")
+    limit = sequences if type(sequences) is int else MAX_BATCH
+    max_batch, rows = saved["max_batch"], saved["rows"]
+    if type(max_batch) is not int or not 1 <= max_batch <= limit:
+        raise ValueError(f"max_batch {max_batch!r} is not a batch from 1 to {limit}")
+    if not isinstance(rows, list) or not all(map(_is_row, rows)):
+        raise ValueError("its rows are not a report's")
+    proven = {row["k"] for row in rows if row["bitwise"]}
+    if any(not row["bitwise"] for row in rows if row["k"] <= max_batch) or not proven >= set(range(2, max_batch + 1)):
+        raise ValueError(f"its rows do not prove max_batch {max_batch}")
+    return max_batch
+
+
+def _is_row(row: Any) -> bool:
+    """Whether ``row`` is an `InvarianceRow` as JSON: its fields, each of its type."""
+    return (
+        isinstance(row, dict)
+        and set(row) == set(_ROW_TYPES)
+        and all(
+            isinstance(row[f], kinds) and (bool in kinds or type(row[f]) is not bool) for f, kinds in _ROW_TYPES.items()
+        )
+    )
 
 
 def remember(key: dict[str, Any], report: InvarianceReport) -> None:

@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -124,20 +126,41 @@ def _memo_key(path: Path) -> str:
     return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _read_memo(memo_path: Path) -> dict[str, str]:
+    """The memo's entries that are a text key and a sha256 in hex; a file that is absent, unreadable or not a
+    JSON object (a list, JSON nested past the parser's depth) is an empty memo, never an error."""
+    try:
+        if not memo_path.is_file():  # absent, or a FIFO that would block the read
+            return {}
+        saved = json.loads(memo_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        logger.warning("the sha256 memo %s is not used (%s); hashing again", memo_path, exc)
+        return {}
+    if not isinstance(saved, dict):
+        logger.warning("the sha256 memo %s is not a JSON object; hashing again", memo_path)
+        return {}
+    return {k: v for k, v in saved.items() if isinstance(v, str) and _SHA256_HEX.fullmatch(v)}
+
+
 def _update_memo(memo_path: Path, update: Callable[[dict[str, str]], None]) -> dict[str, str]:
-    memo: dict[str, str] = {}
-    if memo_path.is_file():
-        try:
-            memo = json.loads(memo_path.read_text())
-        except (OSError, ValueError):
-            memo = {}
+    """Apply ``update`` to the memo at ``memo_path`` and write it back if it changed; the memo. A memo that
+    cannot be written is logged: it only costs a hash next time."""
+    memo = _read_memo(memo_path)
     before = dict(memo)
     update(memo)
     if memo != before:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(memo, indent=0, sort_keys=True))
-        os.replace(tmp, memo_path)
+        try:
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(memo, indent=0, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, memo_path)
+        except OSError as exc:
+            logger.warning("could not keep the sha256 memo %s: %s", memo_path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return memo
 
 

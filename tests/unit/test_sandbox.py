@@ -7,18 +7,28 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 import uuid
 
 import pytest
 
 from kvgraft_plugin._checks import entry_problems
 from kvgraft_plugin._exceptions import SourceError
-from kvgraft_plugin._sandbox import TEST_DISK, _kill_group, _run_contained, _wait_unreaped, run_tests
+from kvgraft_plugin._sandbox import (
+    TEST_DISK,
+    TEST_ENTRIES,
+    _failure,
+    _kill_group,
+    _run_contained,
+    _wait_unreaped,
+    run_tests,
+)
 from kvgraft_plugin._template import Entry
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox is POSIX")
@@ -291,4 +301,63 @@ def test_the_folder_cannot_fill_the_disk(tmp_path, monkeypatch):
     program = "for i in range(64):\n    open(f'f{i}', 'wb').write(b'x' * (15 << 20))\nassert False, 'all written'"
     failure = run_tests(program)
     assert failure is not None and f"more than {TEST_DISK >> 20} MiB" in failure, failure
+    assert list(tmp_path.iterdir()) == []
+
+
+def _controls(text: str) -> list[str]:
+    """The control and format characters in ``text`` (what a terminal could act on or hide text with)."""
+    return [ch for ch in text if unicodedata.category(ch) in ("Cc", "Cf")]
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        # a line that looks like the audit hook's, and the last line of an error, each 60 KB and with escapes
+        "import sys\nsys.stderr.write('kvgraft-sandbox: \\x1b[2J\\x1b]0;t\\x07' + 'x' * 60000 + '\\n')\nsys.exit(1)",
+        "raise ValueError('\\x1b[31m\\u202eevil\\u200b\\t' + 'y' * 60000)",
+    ],
+)
+def test_what_the_tests_print_reaches_the_failure_bounded_and_without_control_characters(program):
+    failure = run_tests(program)
+    assert failure is not None and len(failure) <= 300 and failure.endswith("…"), (len(failure or ""), failure)
+    assert _controls(failure) == [], failure
+    assert "xxx" in failure or "ValueError: [31mevil yyy" in failure, failure
+
+
+def test_every_piece_of_output_in_a_failure_is_bounded_and_made_printable():
+    long, escaped = "z" * 60000, "\x1b[2J\x1b]0;title\x07\u202ehidden\u2066\x00"
+    for lines, status in (
+        ([f"kvgraft-sandbox: {long}"], 99),
+        ([f"kvgraft-sandbox: {escaped}"], 99),
+        ([long], 99),
+        ([f"MemoryError: {long}"], 1),
+        ([escaped], -int(signal.SIGXCPU)),
+        ([escaped], 1),
+    ):
+        failure = _failure(status, lines, finished=True, timeout=10, cpu=11)
+        assert failure is not None and _controls(failure) == [] and len(failure) <= 400, (lines[0][:40], failure)
+        assert "z" * 301 not in failure and ("hidden" in failure or "zzz" in failure), failure
+    # a line of control characters alone is no reason: the exit status is, and a refusal is never empty
+    assert _failure(3, ["\x1b\x07"], finished=True, timeout=10, cpu=11) == "exit status 3"
+    assert _failure(99, ["kvgraft-sandbox: \x1b"], finished=True, timeout=10, cpu=11)
+
+
+@pytest.mark.parametrize("make", ["os.mkdir(f'd{i}')", "open(f'f{i}', 'w').close()"])
+def test_the_folder_cannot_fill_the_disk_with_empty_folders_or_files(tmp_path, monkeypatch, make):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    program = f"import os, time\nfor i in range(20000):\n    {make}\ntime.sleep(1)\nassert False, 'all made'"
+    failure = run_tests(program)
+    assert failure == f"tests made more than {TEST_ENTRIES} files and folders in their folder", failure
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_files_nested_past_the_path_length_limit_are_not_hidden_from_the_disk_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # 30 folders of 200-character names: a path past PATH_MAX, which a scan by path cannot enter
+    program = (
+        "import os, time\nfor _ in range(30):\n    os.mkdir('d' * 200)\n    os.chdir('d' * 200)\n"
+        "for i in range(6):\n    open(f'f{i}', 'wb').write(b'x' * (15 << 20))\ntime.sleep(1)\nassert False, 'hidden'"
+    )
+    failure = run_tests(program)
+    assert failure is not None and "cannot measure" in failure, failure
     assert list(tmp_path.iterdir()) == []
