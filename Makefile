@@ -45,7 +45,7 @@ demo: setup
 # torch or sentence-transformers installed, and tests/unit/conftest.py makes them unimportable, so no test
 # there can load a model. Under two minutes on a fresh clone, installing included.
 FAST_DEPS := numpy click filelock tqdm faiss-cpu fsspec 'langchain-core>=1.0' fastapi uvicorn sse-starlette \
-	prometheus-client httpx openai s3fs 'moto[server]' py3langid pytest pytest-asyncio hypothesis
+	prometheus-client httpx httptools openai s3fs 'moto[server]' py3langid pytest pytest-asyncio hypothesis
 FAST_STAMP := .venv-fast/.kvgraft-fast-installed
 
 $(FAST_STAMP): pyproject.toml Makefile

@@ -17,6 +17,7 @@ KVGraftError
 ├── NoMatchError                      no library entry matched (``fallback="raise"``)
 ├── ContextOverflowError              prompt does not fit ``n_ctx``
 ├── EngineClosedError                 a call on a closed engine
+├── RequestCancelledError             a request cancelled before it started (never routed or prefilled)
 └── BackendError                      llama.cpp refused a call
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "ModelError",
     "NoMatchError",
     "QueryError",
+    "RequestCancelledError",
     "SignatureError",
     "SourceError",
     "StateError",
@@ -124,6 +126,11 @@ class BackendError(KVGraftError, RuntimeError):
 
 class EngineClosedError(KVGraftError):
     """A call on a `GraftEngine` after `close`."""
+
+
+class RequestCancelledError(KVGraftError):
+    """A request whose ``cancel`` was set before the engine started it (its client left while it waited): it
+    was never routed or prefilled, serially or in a batch."""
 
 
 class StorageError(LibraryError, OSError):

@@ -53,6 +53,8 @@ class Started:
     """How many of the first are the entry's (lookup drafts come from there first)."""
     lookup: int = 1
     """The batch lookup decoding may verify (1: step decoding)."""
+    stop: tuple[str, ...] = ()
+    """Its stop strings (the request's, for the route its plan took)."""
 
 
 @dataclass
@@ -108,7 +110,7 @@ class Scheduler:
         self,
         backend: BatchBackend,
         worker: Worker,
-        start: Callable[[Request, EngineConfig], Started],
+        start: Callable[[Request, EngineConfig, threading.Event], Started],
         *,
         trim: Callable[[str], str],
         max_batch: int,
@@ -177,7 +179,7 @@ class Scheduler:
             self._backend.use_sequence(seq)
             started = None
             try:
-                started = self._start(job.request, job.config)
+                started = self._start(job.request, job.config, job.cancel)  # cancelled: never routed
                 token = started.sampler.sample()
             except Exception as exc:  # this request fails alone, as it would serially
                 if started is not None:
@@ -187,7 +189,7 @@ class Scheduler:
                 job.items.put(exc)
                 job.items.put(_END)
                 continue
-            text = TextAssembler(self._backend, trim=self._trim, stop=job.request.stop, out=Transcript())
+            text = TextAssembler(self._backend, trim=self._trim, stop=started.stop, out=Transcript())
             active = _Active(seq, job, started, text, token)
             self._active.append(active)
             self._take(active)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .app import MODEL_ID, create_app, serve
+from .app import MODEL_ID, create_app, http_protocol, serve
 
-__all__ = ["MODEL_ID", "create_app", "serve"]
+__all__ = ["MODEL_ID", "create_app", "http_protocol", "serve"]

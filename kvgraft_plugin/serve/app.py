@@ -2,19 +2,24 @@
 
 Requests run on the engine's worker: up to the engine's ``max_batch`` decoded together (each answer bitwise
 the one it gets alone, `kvgraft_plugin._scheduler`), one at a time with 1. At most ``max_queue`` wait
-behind the running ones, and the next gets a 503. A streaming client that disconnects cancels its request at the next
-token. Every answer carries a ``kvgraft`` object (route, entry, score, fallback reason, restored tokens,
-TTFT) and OpenAI ``usage`` with the restored tokens as cached prompt tokens.
+behind the running ones, and the next gets a 503. A client that disconnects, streaming or not, cancels its
+request: at its next token, or before it is routed or prefilled while it still waits. Every answer carries a
+``kvgraft`` object (route, entry, score, fallback reason, restored tokens, TTFT) and OpenAI ``usage`` with
+the restored tokens as cached prompt tokens.
 
 Every error, the framework's own included (a body that is not JSON or nested too deep, a wrong method, an
 unknown path, a crash), has OpenAI's body ``{"error": {"message", "type", "param", "code"}}``; a request
 that fails validation is a 400, not FastAPI's 422. ``/metrics`` counts every response by status and reason
-(see `Metrics`).
+(see `Metrics`), a request whose client left before its answer as nginx's 499 ``client_closed``. Run under
+uvicorn with `http_protocol` (as `serve` does), a request that is not valid HTTP gets OpenAI's body and is
+counted too, where uvicorn would answer it in plain text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import itertools
 import json
 import logging
 import signal
@@ -23,7 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 from fastapi import Depends, FastAPI, Request
@@ -37,14 +42,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._engine import GraftChunk, GraftEngine, GraftResult
-from .._exceptions import ContextOverflowError, EngineClosedError, KVGraftError, QueryError
+from .._exceptions import ContextOverflowError, EngineClosedError, KVGraftError, QueryError, RequestCancelledError
 from .._messages import split_chat
 from .._models import model_name_of
 from .schemas import ChatRequest, CompletionRequest, error_body, kvgraft_object, usage
 
-__all__ = ["MODEL_ID", "create_app"]
+__all__ = ["MODEL_ID", "create_app", "http_protocol"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The model id every request may name (or the GGUF file's stem).
 MODEL_ID = "kvgraft"
@@ -57,6 +63,10 @@ _REASON = "kvgraft_reason"
 _DRAIN_SECONDS = 25
 #: OpenAI error codes of the framework's own HTTP errors.
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+#: nginx's status for a request whose client closed the connection before its answer (it reaches no one).
+_CLIENT_CLOSED = 499
+#: How often `_beside_disconnect` asks again after a message that is not the disconnect.
+_WATCH_SECONDS = 0.1
 
 
 class ApiError(Exception):
@@ -74,9 +84,11 @@ class Metrics:
     ``/health`` and ``/metrics`` included (a scrape shows in the next one, not in itself), so its sum is the
     number of requests answered. ``reason`` is ``ok`` for a success, else the error body's ``code`` or,
     where it has none, its ``type`` (``invalid_request_error`` for a request that failed validation,
-    ``internal_error`` for a crash). A request whose client left before any response is not counted.
-    ``kvgraft_requests_total`` counts the completions answered by route, ``kvgraft_rejected_total`` the
-    401s and 503s, as before.
+    ``internal_error`` for a crash). A completion whose client left before its answer was sent (before a
+    stream's first byte, or before a whole answer) is a 499 ``client_closed``; under `http_protocol`, a
+    request that is not valid HTTP is a 400 ``invalid_http``. ``kvgraft_requests_total`` counts the
+    completions the engine ran by route (a cancelled one too, unless it never started),
+    ``kvgraft_rejected_total`` the 401s and 503s, ``kvgraft_cancelled_total`` the requests whose client left.
     """
 
     def __init__(self) -> None:
@@ -84,7 +96,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter("kvgraft_requests", "Answered requests", ["route", "fallback"], registry=r)
         self.rejected = Counter("kvgraft_rejected", "Requests refused before running", ["reason"], registry=r)
-        self.cancelled = Counter("kvgraft_cancelled", "Requests whose client went away mid-stream", registry=r)
+        self.cancelled = Counter("kvgraft_cancelled", "Requests whose client went away before the end", registry=r)
         self.tokens = Counter("kvgraft_tokens", "Tokens by how they were obtained", ["kind"], registry=r)
         buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
         self.ttft = Histogram("kvgraft_ttft_seconds", "Time to first token", buckets=buckets, registry=r)
@@ -212,6 +224,7 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
     """The FastAPI app serving ``engine`` (the caller owns the engine and closes it after the server)."""
     app = FastAPI(title="kvgraft", docs_url=None, redoc_url=None)
     metrics = Metrics()
+    app.state.metrics = metrics  # for `http_protocol`
     metrics.watch(engine)
     slots = _Slots(max_queue, metrics, engine.max_batch)
     name = model_name_of(Path(engine.model_path))
@@ -276,19 +289,19 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], response_model=None)
-    async def chat(body: ChatRequest) -> Response:
+    async def chat(request: Request, body: ChatRequest) -> Response:
         try:
             turns = [("system" if m.role == "developer" else m.role, m.text) for m in body.messages]
             question, system, history = split_chat(turns)
         except (ValueError, KVGraftError) as exc:
             raise ApiError(400, str(exc)) from exc
-        return await _answer(body, "chat.completion", question, system=system, history=history)
+        return await _answer(request, body, "chat.completion", question, system=system, history=history)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)], response_model=None)
-    async def completions(body: CompletionRequest) -> Response:
-        return await _answer(body, "text_completion", body.text)
+    async def completions(request: Request, body: CompletionRequest) -> Response:
+        return await _answer(request, body, "text_completion", body.text)
 
-    async def _answer(body: Any, kind: str, question: str, **chat: Any) -> Response:
+    async def _answer(request: Request, body: Any, kind: str, question: str, **chat: Any) -> Response:
         if body.model not in model_ids:
             message = f"model {body.model!r} not found; this server serves {MODEL_ID!r}"
             raise ApiError(404, message, code="model_not_found")
@@ -296,25 +309,37 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
         cancel = threading.Event()
         chunks: Iterator[GraftChunk] = engine.stream(
             question, max_tokens=body.budget, stop=body.stop, cancel=cancel, **body.sampling, **chat
-        )
-        try:
-            first = await anyio.to_thread.run_sync(next, chunks, None)  # errors before any token: an HTTP error
+        )  # a generator: nothing runs before its first `next`
+        lease = _Lease(slots, metrics, chunks, cancel)
+        if await request.is_disconnected():  # gone while its body was read and checked: never queued
+            lease.client_left()
+            lease.release()
+            raise _client_closed()
+        try:  # errors before any token are HTTP errors
+            first = await _beside_disconnect(request, lease.client_left, lambda: next(chunks, None))
+        except RequestCancelledError as exc:  # gone while it waited: the engine neither routed nor prefilled it
+            lease.release()
+            raise _client_closed() from exc
         except BaseException as exc:
-            slots.leave()
+            lease.release()
             raise _as_api_error(exc) from exc
+        if lease.left:  # gone while it was prefilled: the engine stops at its next token
+            lease.end(first)
+            raise _client_closed()
         reply = _Reply(kind, body.model)
         if body.stream:
-            lease = _Lease(slots, metrics, chunks, cancel)
             events = _events(reply, first, chunks, lease, include_usage=body.include_usage)
             # the background task ends the lease too when the client leaves before the stream starts
             return EventSourceResponse(
                 events, ping=15, background=BackgroundTask(lease.end), shutdown_grace_period=_DRAIN_SECONDS
             )
         try:
-            result = await anyio.to_thread.run_sync(_drain, first, chunks)
+            result = await _beside_disconnect(request, lease.client_left, lambda: _drain(first, chunks))
         finally:
-            slots.leave()
+            lease.release()
         metrics.answered(result)
+        if lease.left:  # the engine stopped at the token after the client left: nobody reads this answer
+            raise _client_closed()
         return JSONResponse(reply.whole(result))
 
     async def _events(
@@ -343,30 +368,48 @@ def create_app(engine: GraftEngine, *, api_key: str | None = None, max_queue: in
 
 
 class _Lease:
-    """A streamed request's place in the queue, given up exactly once: when its stream ends, or when its
-    client goes away (even before the stream starts), which also cancels the engine's request."""
+    """A request's place in the queue, given up exactly once, and its client's leaving.
+
+    `release` gives the place up when the request failed or was answered whole; `end` when its stream ended
+    or its client went away, even before the stream started. `client_left` (a disconnect, seen at any point)
+    cancels the engine's request: it stops at its next token, or is never started if it still waits."""
 
     def __init__(self, slots: _Slots, metrics: Metrics, chunks: Iterator[GraftChunk], cancel: threading.Event) -> None:
         self.slots, self.metrics, self.chunks, self.cancel = slots, metrics, chunks, cancel
         self.answered = False
         """The result reached the client."""
-        self._ended = False
+        self.left = False
+        """The client went away before its answer was sent."""
+        self._released = False
 
-    def end(self) -> None:
-        """Leave the queue; cancel the engine's request unless its result was sent."""
-        if self._ended:
+    def client_left(self) -> None:
+        """Cancel the engine's request: its client is gone (counted once in ``kvgraft_cancelled_total``)."""
+        if self.left:
             return
-        self._ended = True
-        self.slots.leave()
-        if not self.answered:
-            self.cancel.set()
-            self.metrics.cancelled.inc()
-            logger.info("client went away: request cancelled")
-            threading.Thread(target=self._count_the_rest, daemon=True).start()
+        self.left = True
+        self.cancel.set()
+        self.metrics.cancelled.inc()
+        logger.info("client went away: request cancelled")
 
-    def _count_the_rest(self) -> None:
+    def release(self) -> None:
+        """Leave the queue, once."""
+        if not self._released:
+            self._released = True
+            self.slots.leave()
+
+    def end(self, pending: GraftChunk | None = None) -> None:
+        """Leave the queue; unless its result was sent, cancel the engine's request and count its result
+        (the engine's chunks from ``pending``, one taken and never sent, to the last) in a thread."""
+        if self._released:
+            return
+        self.release()
+        if not self.answered:
+            self.client_left()
+            threading.Thread(target=self._count_the_rest, args=(pending,), daemon=True).start()
+
+    def _count_the_rest(self, pending: GraftChunk | None) -> None:
         """The engine stops at the next token; its result still counts in the metrics."""
-        for chunk in self.chunks:
+        for chunk in itertools.chain([pending] if pending is not None else [], self.chunks):
             if chunk.result is not None:
                 self.metrics.answered(chunk.result)
 
@@ -424,6 +467,38 @@ def _drain(first: GraftChunk | None, chunks: Iterator[GraftChunk]) -> GraftResul
     return chunk.result
 
 
+def _client_closed() -> ApiError:
+    """The answer to a request whose client left: nobody reads it, but the metrics count it."""
+    message = "the client closed the connection before its answer"
+    return ApiError(_CLIENT_CLOSED, message, "invalid_request_error", "client_closed")
+
+
+async def _beside_disconnect(request: Request, on_leave: Callable[[], None], fn: Callable[[], T]) -> T:
+    """``fn()`` on a worker thread, calling ``on_leave()`` as soon as the client disconnects meanwhile.
+
+    The watch waits on the ASGI ``receive`` (as sse-starlette's does): once the body is read, the next message
+    is the disconnect, so it costs nothing while the client stays."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            await anyio.sleep(_WATCH_SECONDS)  # only where a server's ``receive`` does not wait (uvicorn's does)
+        on_leave()
+
+    outcome: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch)
+        try:
+            outcome.append(await anyio.to_thread.run_sync(fn))
+        except Exception as exc:  # raised below: inside the group it would come out as an ExceptionGroup
+            failure.append(exc)
+        finally:
+            group.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
 def _as_api_error(exc: BaseException) -> BaseException:
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), code="context_length_exceeded")
@@ -448,7 +523,54 @@ def serve(
     with engine_factory() as engine:
         app = create_app(engine, api_key=api_key, max_queue=max_queue)
         logger.info("serving %s on http://%s:%d", engine.model_path, host, port)
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=_DRAIN_SECONDS + 5)
+        protocol = http_protocol(app)
+        uvicorn.run(
+            app, host=host, port=port, http=protocol, log_level="warning", timeout_graceful_shutdown=_DRAIN_SECONDS + 5
+        )
+
+
+class _InvalidHTTP:
+    """`http_protocol`'s part over uvicorn's protocol class: its answer to a request it cannot parse."""
+
+    metrics: Metrics
+    transport: asyncio.Transport
+    server_state: Any
+
+    def send_400_response(self, msg: str) -> None:
+        """A 400 in OpenAI's shape, counted (uvicorn has logged ``msg``); then the connection closes."""
+        self.metrics.responded(400, "invalid_http")
+        message = "the request is not valid HTTP/1.1"
+        body = json.dumps(error_body(message, "invalid_request_error", "invalid_http")).encode()
+        defaults = [name + b": " + value for name, value in self.server_state.default_headers]  # date, server
+        head = [b"HTTP/1.1 400 Bad Request", *defaults]
+        head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.close()
+
+
+def http_protocol(app: FastAPI, *, http: Literal["auto", "h11", "httptools"] = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (its ``http=`` setting) for `create_app`'s ``app``: a request that is not valid
+    HTTP gets a 400 in OpenAI's error shape (code ``invalid_http``), counted in ``app``'s metrics, where
+    uvicorn answers plain text ("Invalid HTTP request received.") that nothing counts. ``http`` picks the
+    parser as uvicorn does (``auto``: httptools where it is installed, else h11)."""
+    if http == "auto":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            http = "h11"
+        else:
+            http = "httptools"
+    base: type[asyncio.Protocol]
+    if http == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = HttpToolsProtocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+    protocol = type(f"OpenAI{base.__name__}", (_InvalidHTTP, base), {"metrics": app.state.metrics})
+    return cast(type[asyncio.Protocol], protocol)
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:

@@ -33,6 +33,7 @@ def test_all_is_pinned():
             "NoMatchError",
             "QueryError",
             "RamStateCache",
+            "RequestCancelledError",
             "SamplingParams",
             "SignatureError",
             "SourceError",

@@ -1,14 +1,17 @@
 """``kvgraft serve`` at its edges, over the scripted fake backend: inputs OpenAI refuses (a boolean for a
 number, JSON nested too deep or not JSON at all), a wrong method or path, a crash, each answered in
-OpenAI's error shape, and ``/metrics`` counting every response by status and reason. The server is a real
-uvicorn on a free localhost port, called over HTTP."""
+OpenAI's error shape, and ``/metrics`` counting every response by status and reason; a client that leaves
+(its request cancelled, before it is prefilled when it still waits) and a request that is not HTTP. The
+server is a real uvicorn (with `http_protocol`) on a free localhost port, called over HTTP and raw sockets."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 import pytest
@@ -16,7 +19,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgraft_plugin import GraftEngine
-from kvgraft_plugin.serve.app import create_app
+from kvgraft_plugin.serve.app import create_app, http_protocol
 from tests.helpers import free_port
 from tests.unit.test_engine_fake import ScriptedBackend
 
@@ -27,10 +30,18 @@ ASK = {"model": "kvgraft", "messages": [{"role": "user", "content": "q"}]}
 
 
 class CrashingBackend(ScriptedBackend):
-    """The scripted model, except that a prompt holding ``boom`` breaks it with an error nobody expects."""
+    """The scripted model, except that a prompt holding ``boom`` breaks it with an error nobody expects; it
+    keeps every prompt it prefilled (``prompts``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prompts: list[bytes] = []
 
     def prefill(self, tokens: Sequence[int]):
-        if b"boom" in bytes(t for t in tokens if t < 256):
+        prompt = bytes(t for t in tokens if t < 256)
+        if len(tokens) > 1:  # one token is a decoding step
+            self.prompts.append(prompt)
+        if b"boom" in prompt:
             raise RuntimeError("the backend broke")
         return super().prefill(tokens)
 
@@ -43,11 +54,15 @@ def serve(tmp_path, monkeypatch):
     model.write_bytes(b"not a model")
     running: list[tuple[uvicorn.Server, threading.Thread, GraftEngine]] = []
 
-    def start(script: str = "391", *, decode: str = "auto", **settings) -> tuple[str, CrashingBackend]:
+    def start(
+        script: str = "391", *, decode: str = "auto", http: str = "auto", **settings
+    ) -> tuple[str, CrashingBackend]:
         backend = CrashingBackend(model, script.encode())
         engine = GraftEngine(None, backend=backend, n_threads=1, decode=decode)
         port = free_port()
-        config = uvicorn.Config(create_app(engine, **settings), host="127.0.0.1", port=port, log_level="critical")
+        app = create_app(engine, **settings)
+        protocol = http_protocol(app, http=http)
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="critical")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -265,3 +280,101 @@ def test_metrics_count_every_response_by_status_and_reason(serve):
     assert 'kvgraft_rejected_total{reason="queue_full"} 1.0' in text
     assert 'kvgraft_rejected_total{reason="unauthorized"} 2.0' in text
     assert 'kvgraft_requests_total{fallback="no-match",route="plain"}' in text
+
+
+# -- finding 9: a client that leaves cancels its request, and is counted as a 499 ----------------------------
+
+
+def raw_post(url: str, path: str, body: dict) -> socket.socket:
+    """A connection that has sent a POST of ``body`` as JSON and read nothing: a client about to leave."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}"
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(head.encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.02)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples (those with ``labels``) in a ``/metrics`` text."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_request_whose_client_left_while_it_waited_is_never_prefilled(serve, stream):
+    url, backend = serve("x" * 3000, decode="step")  # step: one token a step
+    backend.step_seconds = 0.005  # the long request below runs until its client leaves
+    long = {"model": "kvgraft", "prompt": "story", "max_tokens": 3000, "stream": True, "stop": ["@@"]}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("POST", COMPLETIONS, json=long) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the stream
+            next(line for line in lines if line.startswith("data:"))  # it holds the engine
+            ask = {"model": "kvgraft", "max_tokens": 3, "stream": stream}
+            dropped = [raw_post(url, COMPLETIONS, {**ask, "prompt": f"dropped {i}"}) for i in range(3)]
+            wait_for(lambda: http.get("/health").json()["queue_depth"] == 4, "the three to wait for the engine")
+            for sock in dropped:  # before any byte of an answer
+                sock.close()
+            cancelled = lambda: metric(http.get("/metrics").text, "kvgraft_cancelled_total")  # noqa: E731
+            wait_for(lambda: cancelled() == 3, "the server to see the three leave while they wait")
+        # the long one was cancelled too; the three reach the engine now, and it skips them
+        wait_for(lambda: responses_by_status(http.get("/metrics").text)["499", "client_closed"] == 3, "three 499s")
+        assert not [prompt for prompt in backend.prompts if b"dropped" in prompt], "a dropped request was prefilled"
+        assert http.get("/health").json()["queue_depth"] == 0
+        wait_for(lambda: metric(http.get("/metrics").text, "kvgraft_requests_total") == 1, "the long one's result")
+        text = http.get("/metrics").text
+        assert metric(text, "kvgraft_cancelled_total") == 4 and metric(text, "kvgraft_ttft_seconds_count") == 1
+        assert http.post(COMPLETIONS, json={"model": "kvgraft", "prompt": "q", "max_tokens": 3}).status_code == 200
+
+
+def test_a_whole_answer_stops_when_its_client_leaves_and_is_a_499(serve):
+    url, backend = serve("x" * 3000, decode="step")
+    backend.step_seconds = 0.005  # 3000 tokens: 15 s if nothing stops it
+    sock = raw_post(url, COMPLETIONS, {"model": "kvgraft", "prompt": "story", "max_tokens": 3000, "stop": ["@@"]})
+    wait_for(lambda: len(backend.calls) > 20, "decoding to start")
+    sock.close()
+    scrapes: list[str] = []  # each one a 200 ok, counted in the next
+    with httpx.Client(base_url=url, timeout=30) as http:
+        scrape = lambda: scrapes.append(http.get("/metrics").text) or scrapes[-1]  # noqa: E731
+        wait_for(lambda: responses_by_status(scrape())["499", "client_closed"] == 1, "a 499, long before 15 s", 5)
+    text = scrapes[-1]
+    assert responses_by_status(text) == Counter({("499", "client_closed"): 1, ("200", "ok"): len(scrapes) - 1})
+    assert metric(text, "kvgraft_cancelled_total") == 1 and metric(text, "kvgraft_requests_total") == 1
+    assert 0 < metric(text, "kvgraft_tokens_total", kind="decoded") < 3000
+
+
+# -- finding 10f: a request that is not HTTP gets OpenAI's error shape and is counted -----------------------
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+@pytest.mark.parametrize(
+    "raw", [b"GARBAGE\r\n\r\n", b"GET /health HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n"], ids=["garbage", "header"]
+)
+def test_a_request_that_is_not_http_is_a_400_in_openai_shape_and_counted(serve, parser, raw):
+    if parser == "httptools":
+        pytest.importorskip("httptools")
+    url, _ = serve(http=parser)
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        reply = b""
+        while piece := sock.recv(65536):  # the server closes the connection after its answer
+            reply += piece
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *fields = head.decode("latin-1").split("\r\n")
+    headers = [tuple(field.split(": ", 1)) for field in fields]
+    response = httpx.Response(int(status.split()[1]), headers=headers, content=body)
+    assert openai_error(response, 400)["code"] == "invalid_http"
+    assert response.headers["connection"] == "close" and int(response.headers["content-length"]) == len(body)
+    assert responses_by_status(httpx.get(url + "/metrics").text) == Counter({("400", "invalid_http"): 1})
