@@ -19,7 +19,7 @@ from ._sampling import SAMPLING_FIELDS, SamplingParams
 
 __all__ = ["KV_TYPES", "KV_TYPE_BYTES", "EngineConfig", "LlamaConfig", "RouteMode"]
 
-RouteMode = Literal["auto", "graft", "text-rag", "plain"]
+RouteMode = Literal["auto", "graft", "related", "text-rag", "plain"]
 FallbackPolicy = Literal["auto", "raise"]
 DecodeMode = Literal["auto", "step", "lookup"]
 
@@ -154,6 +154,11 @@ class EngineConfig:
     always run."""
     neighbors: int = 4
     """How many neighbours the index returns for the router to consider."""
+    related: bool | None = None
+    """The ``related`` route: a question whose nearest entry is close (at or above the related threshold) but not
+    the same problem is answered after that entry's restored state, as a new problem to solve step by step
+    (`kvgraft_plugin._template.RELATED`). ``None``: as the library's calibration decided (`kvgraft calibrate
+    --related` turns it on where it measured more right answers and no more copied ones), else off."""
     max_tokens: int = 64
     """Decode budget per answer."""
     decode: DecodeMode = "auto"

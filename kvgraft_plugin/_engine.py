@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from ._aliases import Alias
 from ._backend import Backend, BatchBackend
 from ._config import DecodeMode, EngineConfig, LlamaConfig, RouteMode
 from ._decode import DecodeStats, Transcript, decode_tokens, stream_text
-from ._exceptions import BackendError, ConfigError, EngineClosedError, LibraryError
+from ._exceptions import BackendError, ConfigError, EngineClosedError, LibraryError, RequestCancelledError
 from ._fingerprint import adopt_pinned, make_fingerprint
 from ._index import Embedder, Hit
 from ._invariance import InvarianceReport, LookupBatch, SequenceBatch
@@ -306,17 +306,22 @@ class GraftEngine:
         cancel: threading.Event | None = None,
         decode: DecodeMode | None = None,
         sampling: SamplingParams | None = None,
+        cue: Literal["same", "related"] | None = None,
         **sampling_fields: Any,
     ) -> Iterator[GraftChunk]:
         """Answer ``question``, yielding text as it is decoded; the last chunk carries the result.
 
         ``mode``: ``auto`` routes and grafts when it can, falling back to text RAG (unusable state)
-        or plain decoding (no match, too long); ``graft``/``text-rag`` force a route for the matched
-        (or ``entry_id``) entry; ``plain`` never uses the library. ``system`` and ``history`` (earlier
-        question/answer turns) are rendered into the suffix; routing uses ``question`` alone.
+        or plain decoding (no match, too long), or, where the ``related`` route is on, answers after the
+        nearest entry as a related worked example; ``graft``/``text-rag`` force a route for the matched
+        (or ``entry_id``) entry, ``related`` forces the related route (``graft`` with ``cue="related"``:
+        with ``mode="text-rag"`` that cue gives its text RAG twin); ``plain`` never uses the library.
+        ``system`` and ``history`` (earlier question/answer turns) are rendered into the suffix; routing uses
+        ``question`` alone.
         ``routing`` overrides `ROUTING_SETTINGS` (``threshold``, ``margin``, ``neighbors``, ``guards``,
         ``match_check``, ``fallback``) for this request only. Setting ``cancel`` (from any thread) stops
-        decoding at the next token, as closing the iterator does; the result then ends there.
+        decoding at the next token, as closing the iterator does; the result then ends there. Set before
+        the request starts (while it waits for the worker), it is never routed or prefilled: `RequestCancelledError`.
         ``sampling`` (default: the config's) chooses the tokens; any of its fields given as a keyword
         (``temperature=0.8, seed=3, top_p=0.9, repeat_penalty=1.1, grammar=...``) overrides it. With a
         grammar and no ``stop``, decoding ends where the grammar does. ``decode`` (default: the config's)
@@ -327,7 +332,7 @@ class GraftEngine:
         request = Request.make(
             question, self.config, mode=mode, entry_id=entry_id, max_tokens=max_tokens, stop=stop, system=system,
             history=history, decode=decode, sampling=sampling, sampling_fields=sampling_fields,
-            template_stop=self.template.stop,
+            template_stop=self.template.stop, cue=cue,
         )  # fmt: skip
         cancel = cancel if cancel is not None else threading.Event()
         try:
@@ -366,16 +371,16 @@ class GraftEngine:
 
     def _run(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Iterator[GraftChunk]:
         """One request alone: route, restore or prefill, decode."""
-        started = self._start(request, config, lookup=True)
+        started = self._start(request, config, lookup=True, cancel=cancel)
         stats, out = DecodeStats(), Transcript()
         context, n_entry, batch = started.context, started.n_entry, started.lookup
         tokens = decode_tokens(
             self.backend, started.sampler, started.limit, batch=batch, entry=context[:n_entry],
-            rest=context[n_entry:], stop=request.stop, stats=stats,
+            rest=context[n_entry:], stop=started.stop, stats=stats,
         )  # fmt: skip
         try:
             for piece in stream_text(
-                tokens, self.backend, trim=self.template.trim, stop=request.stop, cancel=cancel, out=out
+                tokens, self.backend, trim=self.template.trim, stop=started.stop, cancel=cancel, out=out
             ):
                 yield GraftChunk(piece)
         finally:
@@ -383,9 +388,14 @@ class GraftEngine:
             started.sampler.close()
         yield GraftChunk("", started.finish(out, stats, "lookup" if batch > 1 else "step"))
 
-    def _start(self, request: Request, config: EngineConfig, *, lookup: bool) -> Started:
+    def _start(
+        self, request: Request, config: EngineConfig, *, lookup: bool, cancel: threading.Event | None = None
+    ) -> Started:
         """Route ``request`` and restore or prefill it into the backend's current sequence: how to decode it
-        (with ``lookup``, the batch lookup decoding may verify; without, step decoding)."""
+        (with ``lookup``, the batch lookup decoding may verify; without, step decoding). A ``cancel`` already
+        set (the client left while the request waited) raises `RequestCancelledError` before any of that work."""
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelledError("the request was cancelled before it started")
         start = time.perf_counter()
         check_unchanged(self.backend.model_path, self._model_identity, "the served model's")
         phases: dict[str, float] = {}
@@ -424,10 +434,11 @@ class GraftEngine:
             phases["decode"] = (out.ended - out.started) * 1000.0
             return plan.result(out, stats, decoder, start, phases)
 
-        return Started(sampler, limit, finish, context, n_entry, batch)
+        stop = request.related_stop if plan.cue == "related" else request.stop
+        return Started(sampler, limit, finish, context, n_entry, batch, stop)
 
-    def _start_batched(self, request: Request, config: EngineConfig) -> Started:
-        return self._start(request, config, lookup=False)
+    def _start_batched(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Started:
+        return self._start(request, config, lookup=False, cancel=cancel)
 
     def _prefill(self, plan: Plan, phases: dict[str, float]) -> None:
         """Restore the state (graft) or clear the cache, then prefill.

@@ -2,9 +2,11 @@
 
 Every fallback says why (`Plan.reason`, a code then a message): ``no-match``, ``unsigned``,
 ``integrity``, ``too-long`` (to plain decoding), ``missing``, ``inexact``, ``incompatible`` and the other
-`StateError` reasons (to text RAG with the same entry). A route that uses an entry restates the entry's
-problem in the query suffix (the same on graft and text RAG), which makes the model copy the verified
-answer for a reworded question instead of re-deriving it.
+`StateError` reasons (to text RAG with the same entry). A route that uses an entry for the same problem
+restates the entry's problem in the query suffix (the same on graft and text RAG), which makes the model copy
+the verified answer for a reworded question instead of re-deriving it. A question whose nearest entry is
+close but not the same problem takes the ``related`` route where it is on (`LibraryRouting.related`): the
+entry's state is restored as for a graft, and the suffix asks the question as a new problem after it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import logging
 import time
 
+from ._aliases import alias_key
 from ._config import EngineConfig
 from ._exceptions import ContextOverflowError, LibraryError, NoMatchError, StateError
 from ._library import Library, source_sha256
@@ -58,8 +61,9 @@ class Planner:
             plain.reason = f"unsigned: {library.untrusted_reason}"
             return plain
 
-        # match
+        # match: the same problem, else (where it is on) a related one
         score: float | None = None
+        cue = request.cue or "same"
         if request.entry_id is not None:
             record = library.get(request.entry_id)
         else:
@@ -70,16 +74,21 @@ class Planner:
             phases.update(decision.phases_ms)
             plain.trail = decision.trail
             if isinstance(decision, NoMatch):
-                return _no_match(config, plain, decision.reason)
-            record, score = library.get(decision.entry_id), decision.score
+                related = self._related(request, config, decision, plain)
+                if related is None:
+                    return _no_match(config, plain, decision.reason)
+                decision, cue = related, "related"
+            record, score = library.get(decision.entry_id), decision.score  # type: ignore[arg-type]
 
         if source_sha256(record.entry) != record.source_sha256:
             # text that fails its check never reaches a prompt, on any route
             plain.reason = f"integrity: the text of entry {record.id!r} changed after it was built"
             return plain
+        related = cue == "related"
         suffix = self.prompts.suffix(
-            request.question, system=request.system, history=request.history, same_as=record.entry
-        )
+            request.question, system=request.system, history=request.history,
+            same_as=None if related else record.entry, related=related,
+        )  # fmt: skip
         room = self.n_ctx - len(record.tokens) - len(suffix)
         if room < 1:
             plain.reason = f"too-long: entry {record.id} + query exceed n_ctx={self.n_ctx}"
@@ -88,7 +97,8 @@ class Planner:
         if budget > room:
             notes.append(f"max_tokens {budget} capped at {room}: what fits after entry {record.id} in n_ctx")
             budget = room
-        graft = Plan("graft", suffix, len(suffix), record, None, score, None, plain.trail, budget, notes)
+        route = "related" if related else "graft"
+        graft = Plan(route, suffix, len(suffix), record, None, score, None, plain.trail, budget, notes, cue)
         if request.mode == "text-rag":
             return self.as_text_rag(graft)
 
@@ -106,6 +116,21 @@ class Planner:
             return self.as_text_rag(graft, f"{exc.reason}: {exc}")
         finally:
             phases["check"] = (time.perf_counter() - t0) * 1000.0
+
+    def _related(self, request: Request, config: EngineConfig, decision: NoMatch, plain: Plan) -> NoMatch | None:
+        """``decision``, if its nearest entry is a related problem to answer the question after: the route is
+        on (or forced: ``mode="related"``), the entry is at or above the related threshold, and the user has
+        not revoked it for the question. Why the route is off goes to ``plain``'s notes when it would apply."""
+        forced = request.cue == "related"
+        if decision.entry_id is None or decision.score is None or not (forced or request.mode == "auto"):
+            return None
+        on, threshold, why_off = self.routing.related(config)
+        if decision.score < threshold or self.routing.revoked.get(alias_key(request.question)) == decision.entry_id:
+            return None
+        if not (on or forced):
+            plain.notes.append(f"related route off for entry {decision.entry_id}: {why_off}")
+            return None
+        return decision
 
     def as_text_rag(self, plan: Plan, reason: str | None = None) -> Plan:
         """A graft ``plan``'s entry served by text RAG instead: its prefix rendered from the entry's text

@@ -46,9 +46,12 @@ class PromptTokens:
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
         same_as: Entry | None = None,
+        related: bool = False,
     ) -> list[int]:
-        """The query suffix; ``same_as``: the entry it is routed to (its problem is restated)."""
-        return self.tokens(self.template.query(question, system=system, history=history, same_as=same_as))
+        """The query suffix; ``same_as``: the entry it is routed to (its problem is restated); ``related``: the
+        entry before it is a related worked example."""
+        prompt = self.template.query(question, system=system, history=history, same_as=same_as, related=related)
+        return self.tokens(prompt)
 
     def probe(self, entry: Entry) -> list[int]:
         """The suffix that asks ``entry``'s own problem: the probe of every restore check."""

@@ -32,6 +32,7 @@ ROUTING_SETTINGS = frozenset(
         "judge_threshold",
         "judge_mode",
         "profile",
+        "related",
     }
 )
 
@@ -49,6 +50,11 @@ class Request:
     stop: tuple[str, ...]
     sampling: SamplingParams
     decode: str
+    related_stop: tuple[str, ...] = ()
+    """The stop strings when the question is put as a related problem: ``stop`` if the caller set it, else the
+    template's for a related query (a solution's end, not an answer's)."""
+    cue: str | None = None
+    """``"same"`` or ``"related"``: how a forced route puts the question after its entry (``None``: as routed)."""
 
     @classmethod
     def make(
@@ -65,13 +71,18 @@ class Request:
         decode: str | None,
         sampling: SamplingParams | None,
         sampling_fields: Mapping[str, Any],
-        template_stop: Callable[[str], tuple[str, ...]],
+        template_stop: Callable[..., tuple[str, ...]],
+        cue: str | None = None,
     ) -> Request:
         """Check the settings of one `stream` call (`ConfigError`, `QueryError`) and fill in the config's
         defaults. Without ``stop``: none when a grammar ends the answer, else the config's, else
-        ``template_stop(question)``."""
+        ``template_stop(question)`` (``template_stop(question, related=True)`` for a related question)."""
         if mode not in ("auto", *ROUTES):
-            raise ConfigError(f"mode must be one of auto, graft, text-rag, plain; got {mode!r}")
+            raise ConfigError(f"mode must be one of auto, {', '.join(ROUTES)}; got {mode!r}")
+        if cue not in (None, "same", "related") or (cue is not None and mode in ("auto", "plain")):
+            raise ConfigError(f"cue is 'same' or 'related', with mode graft or text-rag; got {cue!r} with {mode!r}")
+        if mode == "related":
+            mode, cue = "graft", "related"
         check_question(question)
         budget = max_tokens if max_tokens is not None else config.max_tokens
         if budget < 1:
@@ -80,16 +91,19 @@ class Request:
         if unknown:
             raise ConfigError(f"unknown keyword arguments: {sorted(unknown)}")
         params = (sampling or config.sampling).replace(**sampling_fields)
+        related_stop = stop
         if stop is None:
             if config.stop is not None:
-                stop = config.stop
+                stop = related_stop = config.stop
+            elif params.grammar is not None:
+                stop = related_stop = ()
             else:
-                stop = () if params.grammar is not None else template_stop(question)
+                stop, related_stop = template_stop(question), template_stop(question, related=True)
         decode = decode or config.decode
         if decode not in ("auto", "step", "lookup"):
             raise ConfigError(f"decode must be 'auto', 'step' or 'lookup', got {decode!r}")
-        stops = tuple(s for s in stop if s)
-        return cls(question, mode, entry_id, system, tuple(history), budget, stops, params, decode)
+        stops, related_stops = tuple(s for s in stop if s), tuple(s for s in related_stop if s)
+        return cls(question, mode, entry_id, system, tuple(history), budget, stops, params, decode, related_stops, cue)
 
 
 def request_config(config: EngineConfig, routing: Mapping[str, Any] | None) -> EngineConfig:
@@ -139,6 +153,8 @@ class Plan:
     max_tokens: int | None = None
     """The decode budget when it had to shrink to fit the entry; ``None``: as requested."""
     notes: list[str] = field(default_factory=list)
+    cue: str | None = None
+    """``"same"`` (the entry's problem asked again) or ``"related"`` (a new problem after it); ``None``: plain."""
 
     def result(
         self, out: Transcript, stats: DecodeStats, decoder: str, start: float, phases: Mapping[str, float]
@@ -165,6 +181,7 @@ class Plan:
             phases_ms={k: round(v, 3) for k, v in phases.items()},
             match=[v.to_json() for v in self.trail],
             notes=list(self.notes),
+            cue=self.cue if record else None,
         )
 
 

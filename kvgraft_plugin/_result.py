@@ -7,7 +7,9 @@ from typing import Any
 
 __all__ = ["ROUTES", "Capture", "GraftChunk", "GraftResult"]
 
-ROUTES = ("graft", "text-rag", "plain")
+#: ``related`` restores a related entry's state as ``graft`` restores the same problem's, and asks the question as
+#: a new problem after it (`kvgraft_plugin._template.RELATED`).
+ROUTES = ("graft", "related", "text-rag", "plain")
 
 
 @dataclass
@@ -16,7 +18,7 @@ class GraftResult:
 
     text: str
     route: str
-    """``"graft"``, ``"text-rag"`` or ``"plain"``: the route actually taken."""
+    """``"graft"``, ``"related"``, ``"text-rag"`` or ``"plain"``: the route actually taken."""
     entry_id: str | None
     score: float | None
     """Cosine similarity of the routed entry; ``None`` when forced with ``entry_id`` or not routed."""
@@ -46,6 +48,9 @@ class GraftResult:
     """The router's guard trail: every guard that ran, on which entry, and what it said."""
     notes: list[str] = field(default_factory=list)
     """What the engine changed in the request and why (a decode budget capped to fit the entry)."""
+    cue: str | None = None
+    """How the question was put after the entry: ``"same"`` (the same problem asked again), ``"related"``
+    (a new problem after a related worked example), ``None`` on the plain route."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object."""

@@ -117,6 +117,8 @@ class NoMatch:
     score: float | None = None
     trail: tuple[GuardVerdict, ...] = ()
     phases_ms: Mapping[str, float] = field(default_factory=dict)
+    entry_id: str | None = None
+    """The nearest entry (``score`` is its similarity), whatever refused it: a related problem at best."""
 
 
 Guard = Callable[[Candidate], "str | None"]
@@ -463,14 +465,14 @@ class Router:
         if best < self.threshold:
             reason = f"best score {best:.3f} < threshold {self.threshold:.3f}"
             trail.append(GuardVerdict("threshold", best_id, False, reason))
-            return NoMatch(reason, best, tuple(trail), phases)
+            return NoMatch(reason, best, tuple(trail), phases, best_id)
         above = [hit for hit in hits[: self.neighbors] if hit[1] >= self.threshold]  # a prefix: best first
         first_refusal: str | None = None
         for entry_id, score, refusal in self._verdicts(question, above, hits, trail, phases):
             if refusal is None:
                 return Match(entry_id, score, tuple(trail), phases)
             first_refusal = first_refusal or f"{entry_id} (score {score:.3f}): {refusal}"
-        return NoMatch(first_refusal or "no candidate", best, tuple(trail), phases)
+        return NoMatch(first_refusal or "no candidate", best, tuple(trail), phases, best_id)
 
     def _recorded(self, question: str, trail: list[GuardVerdict]) -> Match | None:
         """``question``'s recorded match: the entry whose problem it is (exact text, any script: no guard could

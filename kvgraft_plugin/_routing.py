@@ -365,6 +365,21 @@ class LibraryRouting:
             raise LibraryError("routing needs a library with entries and an index")
         return router.explain(question)
 
+    def related(self, config: EngineConfig) -> tuple[bool, float, str]:
+        """Whether the ``related`` route is on for ``config``, the similarity its entry needs, and why it is off:
+        the config's ``related``, else the library's calibration (`kvgraft_plugin._calibrate.calibrate_related`),
+        else off. The threshold is the calibrated one, else the library's routing threshold."""
+        recorded = self.library.routing.get("related") if self.library is not None else None
+        recorded = recorded if isinstance(recorded, dict) else {}
+        threshold = recorded.get("threshold")
+        threshold = float(threshold) if isinstance(threshold, (int, float)) else self.threshold(config)
+        if config.related is not None:
+            return config.related, threshold, "off by the setting related=False"
+        if recorded.get("on") is True:
+            return True, threshold, ""
+        why = recorded.get("why")
+        return False, threshold, str(why) if why else "not calibrated on this library (kvgraft calibrate --related)"
+
     def margin(self, config: EngineConfig) -> float:
         """The score margin in force: the config's, else the library's (0 = off)."""
         if config.margin is not None:

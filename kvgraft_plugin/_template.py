@@ -45,6 +45,7 @@ __all__ = [
     "CODE_FENCE",
     "END_OF_SOLUTION",
     "FORMATS",
+    "RELATED",
     "SAME_TASK",
     "TEMPLATES",
     "TEMPLATE_VERSION",
@@ -129,11 +130,17 @@ def template_id(fmt: AnswerFormat = "answer", kind: TemplateKind = "text", chat_
     return name
 
 
-def default_stop(fmt: AnswerFormat = "answer", kind: TemplateKind = "text", *, fenced: bool = False) -> tuple[str, ...]:
+def default_stop(
+    fmt: AnswerFormat = "answer", kind: TemplateKind = "text", *, fenced: bool = False, related: bool = False
+) -> tuple[str, ...]:
     """Where decoding stops unless told otherwise: the newline for an answer; the end marker for a solution
     in the text template; in the chat template the model's end-of-turn token (an end of generation), and
-    for a function prompt (``fenced``) the code block's closing fence."""
+    for a function prompt (``fenced``) the code block's closing fence. A ``related`` query is answered by a
+    solution in either format: in the text template's ``answer`` format it ends where the entry's does, at
+    its blank line (or a next ``Problem:``)."""
     _check_format(fmt)
+    if related and fmt == "answer":
+        return ("\n\n", "\nProblem:") if kind == "text" else default_stop("solution", kind, fenced=fenced)
     if fmt == "answer":
         return ("\n",)
     if kind == "text":
@@ -176,6 +183,7 @@ def render_query(
     system: str | None = None,
     history: Sequence[tuple[str, str]] = (),
     same_as: Entry | None = None,
+    related: bool = False,
     fmt: AnswerFormat = "answer",
 ) -> str:
     """The query suffix: the model continues after ``Answer:`` (the answer ends at the newline), or in the
@@ -188,15 +196,26 @@ def render_query(
     reworded question is answered by copying the verified answer. Measured on Gemma 3 270M, 114 reworded
     example questions with their entry as text RAG: 87/114 correct without it, 111/114 with it (and
     "This is the same problem" alone: 69/114; the entry's problem alone, dropping the question: 108/114).
+
+    ``related``: the entry above is a related worked example, not this problem: the question is followed by
+    `RELATED`, and the model continues after ``Solution:`` in either format (it writes its own solution
+    before any answer, so it does not copy the entry's).
     """
     _check_format(fmt)
     head = f"{system.strip()}\n\n" if system and system.strip() else ""
     restated = _restated(same_as, question)
+    if related:
+        return f"{head}{_history(history, fmt)}Problem: {question.strip()}\n{RELATED}\nSolution:"
+    turns = _history(history, fmt)
+    opener = "Solution:" if fmt == "solution" else "Answer:"
+    return f"{head}{turns}Problem: {question.strip()}\n{restated}{opener}"
+
+
+def _history(history: Sequence[tuple[str, str]], fmt: AnswerFormat) -> str:
+    """Earlier ``(question, answer)`` turns in the text template."""
     if fmt == "solution":
-        turns = "".join(f"Problem: {q.strip()}\nSolution:\n{a.rstrip()}\n{END_OF_SOLUTION}\n\n" for q, a in history)
-        return f"{head}{turns}Problem: {question.strip()}\n{restated}Solution:"
-    turns = "".join(f"Problem: {q.strip()}\nAnswer: {a.strip()}\n\n" for q, a in history)
-    return f"{head}{turns}Problem: {question.strip()}\n{restated}Answer:"
+        return "".join(f"Problem: {q.strip()}\nSolution:\n{a.rstrip()}\n{END_OF_SOLUTION}\n\n" for q, a in history)
+    return "".join(f"Problem: {q.strip()}\nAnswer: {a.strip()}\n\n" for q, a in history)
 
 
 def _restated(same_as: Entry | None, question: str) -> str:
@@ -253,11 +272,13 @@ class Template(Protocol):
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
         same_as: Entry | None = None,
+        related: bool = False,
     ) -> Prompt:
-        """The suffix after the preamble or the prefix; the model continues it."""
+        """The suffix after the preamble or the prefix; the model continues it. ``same_as``: the entry it asks
+        again; ``related``: the entry before it is a related worked example (`RELATED`)."""
 
-    def stop(self, question: str | None = None) -> tuple[str, ...]:
-        """Default stop strings (for ``question``, when they depend on it)."""
+    def stop(self, question: str | None = None, *, related: bool = False) -> tuple[str, ...]:
+        """Default stop strings (for ``question``, when they depend on it; ``related``: for a related query)."""
 
     def trim(self, text: str) -> str:
         """The answer text from the decoded text."""
@@ -290,11 +311,15 @@ class TextTemplate:
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
         same_as: Entry | None = None,
+        related: bool = False,
     ) -> Prompt:
-        return (Segment(render_query(question, system=system, history=history, same_as=same_as, fmt=self.fmt)),)
+        rendered = render_query(
+            question, system=system, history=history, same_as=same_as, related=related, fmt=self.fmt
+        )
+        return (Segment(rendered),)
 
-    def stop(self, question: str | None = None) -> tuple[str, ...]:
-        return default_stop(self.fmt)
+    def stop(self, question: str | None = None, *, related: bool = False) -> tuple[str, ...]:
+        return default_stop(self.fmt, related=related)
 
     def trim(self, text: str) -> str:
         """An answer drops its leading whitespace; a solution drops only the newline after ``Solution:`` and
@@ -313,6 +338,14 @@ ChatRenderer = Callable[[Sequence[tuple[str, str]], bool], str]
 #: one-liner of its own), with this 26/26, and SmolLM2-135M's text RAG and graft 4/26 and 7/26. Earlier, on
 #: SmolLM2: 9/26 with the short form, 0/26 with the problem restated, 7/26 with nothing.
 SAME_TASK = "Same task as above. Reuse the solution above."
+#: After a question whose nearest entry is a related problem, not the same (the ``related`` route): the entry
+#: stays a worked example, and the model writes its own solution. Measured on Qwen2.5-Coder-1.5B-Instruct
+#: (issue 50): 21 held-out near-misses, step by step, 9/21 right alone and 15/21 after their entry with a cue of
+#: this sense; asked for the answer at once after the entry, it gave the entry's answer to 11/21.
+RELATED = (
+    "This problem may differ from the one solved above in its numbers or in what it asks: "
+    "solve it step by step, then give the answer."
+)
 
 _SLOT = re.compile("\ue000(\\d+)\ue001")
 
@@ -360,17 +393,19 @@ class ChatTemplate:
         system: str | None = None,
         history: Sequence[tuple[str, str]] = (),
         same_as: Entry | None = None,
+        related: bool = False,
     ) -> Prompt:
         head = f"{system.strip()}\n\n" if system and system.strip() else ""
-        same = f"\n{SAME_TASK}" if same_as is not None else ""
+        cue = f"\n{SAME_TASK}" if same_as is not None else f"\n{RELATED}" if related else ""
         fenced = self._fenced(question)
-        return self._split(f"{head}{question.strip()}{same}", history, same_as, fenced=fenced)[2]
+        return self._split(f"{head}{question.strip()}{cue}", history, same_as, fenced=fenced, related=related)[2]
 
-    def stop(self, question: str | None = None) -> tuple[str, ...]:
+    def stop(self, question: str | None = None, *, related: bool = False) -> tuple[str, ...]:
         """`default_stop`, and the end-of-turn marker written out as text (``<|im_end|>``): a model that
         spells it in plain tokens (echoing a question that holds it) ends its turn there too."""
         marker = self._end_of_turn
-        return default_stop(self.fmt, "chat", fenced=self._fenced(question)) + ((marker,) if marker else ())
+        stop = default_stop(self.fmt, "chat", fenced=self._fenced(question), related=related)
+        return stop + ((marker,) if marker else ())
 
     @functools.cached_property
     def _end_of_turn(self) -> str:
@@ -396,10 +431,17 @@ class ChatTemplate:
         return (f"Answer: {answer.strip()}\n" if answer is not None else "") + f"Solution: {text.strip()}"
 
     def _split(
-        self, question: str, history: Sequence[tuple[str, str]], entry: Entry | None, *, fenced: bool = False
+        self,
+        question: str,
+        history: Sequence[tuple[str, str]],
+        entry: Entry | None,
+        *,
+        fenced: bool = False,
+        related: bool = False,
     ) -> tuple[Prompt, Prompt, Prompt]:
         """(preamble, entry turns, query suffix), checked to concatenate to the template's own rendering;
-        ``fenced``: the suffix opens the answer's code block."""
+        ``fenced``: the suffix opens the answer's code block; ``related``: the ``answer`` format's suffix opens
+        a solution, not an answer."""
         turns: list[tuple[str, str]] = []
         for q, a in history:
             turns += [("user", q.strip()), ("assistant", self._assistant(a, shown=False))]
@@ -426,7 +468,10 @@ class ChatTemplate:
                 f"the chat template {self.chat_name or '(the model’s own)'} starts a conversation differently "
                 "with and without the entry, so a graft prefix cannot be cut from it; use --template text"
             )
-        opener = (Segment("Answer:"),) if self.fmt == "answer" else (Segment(CODE_OPENER),) if fenced else ()
+        if self.fmt == "answer":
+            opener: Prompt = (Segment("Solution:" if related else "Answer:"),)
+        else:
+            opener = (Segment(CODE_OPENER),) if fenced else ()
         return (
             _segments(preamble, contents),
             _segments(entry_only[len(preamble) :], contents),
