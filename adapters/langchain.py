@@ -89,6 +89,7 @@ _ROUTING_SETTINGS = (
     "judge_model",
     "judge_threshold",
     "judge_mode",
+    "related",
 )
 #: (where the library is, the engine settings a caller set, sorted). A setting left unset is not in the key:
 #: the engine takes it from the library's pinned ones, so ``n_batch=512`` and no ``n_batch`` are two engines.
@@ -250,7 +251,7 @@ class _EngineMixin(BaseModel):
 class _KVGraftMixin(_EngineMixin):
     """Routing and generation settings shared by the chat model and the LLM; they travel with each request."""
 
-    mode: Literal["auto", "graft", "text-rag", "plain"] = "auto"
+    mode: Literal["auto", "graft", "related", "text-rag", "plain"] = "auto"
     """Route policy (see `GraftEngine.stream`)."""
     fallback: Literal["auto", "raise"] = "auto"
     """``"raise"``: a query with no match raises `NoMatchError` (compose ``.with_fallbacks``)."""
@@ -269,6 +270,9 @@ class _KVGraftMixin(_EngineMixin):
     judge_mode: Literal["inline", "async"] | None = None
     """``async``: an unjudged candidate is not waited for; it is judged when the engine is idle and an approval
     becomes an alias of the entry (default ``async``)."""
+    related: bool | None = None
+    """The related route: a close question that is not the same problem is answered after its nearest entry
+    as a worked example (default: as the library's calibration decided, else off)."""
     temperature: float | None = None
     """0 (default) is greedy; above 0 samples with ``seed``."""
     top_k: int | None = None

@@ -15,13 +15,20 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._checks import Checker, answers_match, default_check, extract_answer
+from ._checks import Checker, answers_match, default_check, extract_answer, final_number, same_value
 from ._engine import GraftEngine, GraftResult
 
-__all__ = ["MODES", "run_bench"]
+__all__ = ["ALL_MODES", "MODES", "run_bench"]
 
+#: What ``kvgraft bench`` runs by default.
 MODES = ("plain", "text-rag", "graft")
-_ENGINE_MODE = {"plain": "plain", "text-rag": "text-rag", "graft": "auto"}
+#: Each bench mode as the engine's (mode, cue): ``related`` restores the nearest entry and asks the question as
+#: a new problem after it; ``related-text-rag`` is its text RAG twin, the same prompt prefilled.
+_ENGINE_MODE = {
+    "plain": ("plain", None), "text-rag": ("text-rag", None), "graft": ("auto", None),
+    "related": ("related", None), "related-text-rag": ("text-rag", "related"),
+}  # fmt: skip
+ALL_MODES = tuple(_ENGINE_MODE)
 
 
 def run_bench(
@@ -48,9 +55,11 @@ def run_bench(
     for mode in modes:
         for query in queries:
             for decode in decoders:  # alternating on each query: the decoders' timings see the same machine
+                engine_mode, cue = _ENGINE_MODE[mode]
                 result = engine.ask(
                     query["question"],
-                    mode=_ENGINE_MODE[mode],
+                    mode=engine_mode,
+                    cue=cue,
                     max_tokens=max_tokens,
                     decode=decode,  # type: ignore[arg-type]
                 )
@@ -74,6 +83,8 @@ def _row(query: Mapping[str, Any], mode: str, result: GraftResult, checker: Chec
     correct: bool | None = None
     if checker is not None:
         correct = bool(checker(query, result.text))
+    elif result.cue == "related" and query.get("value") is not None:  # a worked solution: its final number
+        correct = same_value(final_number(result.text), float(query["value"]))
     elif query.get("answer") is not None:
         correct = default_check(query, result.text)
     data = result.to_json()
@@ -133,7 +144,9 @@ def _summary(
             "decode_tokens_per_s": sum(r["decode_tokens"] for r in mode_rows) / decode_s if decode_s else None,
             "drafted_tokens": drafted,
             "acceptance": sum(r["accepted_tokens"] for r in mode_rows) / drafted if drafted else None,
-            "routes": {k: sum(1 for r in mode_rows if r["route"] == k) for k in ("graft", "text-rag", "plain")},
+            "routes": {
+                k: sum(1 for r in mode_rows if r["route"] == k) for k in ("graft", "related", "text-rag", "plain")
+            },
         }
 
     identical = n_grafted = 0

@@ -18,7 +18,7 @@ from ._exceptions import ConfigError
 from ._judge import CLOSE_MARGIN, SMALL_EDIT, JudgeVerdict, clear_yes
 from ._numerals import written_numbers
 
-__all__ = ["CurvePoint", "calibrate", "calibrate_judge", "labelled_queries"]
+__all__ = ["CurvePoint", "RelatedCalibration", "calibrate", "calibrate_judge", "calibrate_related", "labelled_queries"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,3 +173,74 @@ def calibrate_judge(
     low = margins[first - 1] if margins and first > 0 else cuts[first]  # the highest margin below the range
     high = margins[last] if margins and last < len(margins) else cuts[last]
     return _judge_point(judged, round((low + high) / 2, 3)), curve
+
+
+@dataclass(frozen=True)
+class RelatedCalibration:
+    """The ``related`` route measured against plain decoding on the questions it would take (their nearest
+    entry at or above ``threshold`` and not the same problem), on the library's model."""
+
+    threshold: float
+    asked: int
+    """Labelled questions with a numeric answer that the route would take."""
+    right: tuple[int, int]
+    """Answers whose final number is the question's value: (plain, related)."""
+    copied: tuple[int, int]
+    """Answers that are wrong and give the nearest entry's value instead: (plain, related)."""
+    model: str
+
+    @property
+    def on(self) -> bool:
+        """More answers right and no more copied: the route earns its place."""
+        return self.right[1] > self.right[0] and self.copied[1] <= self.copied[0]
+
+    @property
+    def why(self) -> str:
+        """The measurement in words."""
+        verdict = "on" if self.on else "off"
+        return (
+            f"{verdict} by calibration on {self.model}: {self.asked} questions, right {self.right[1]} with the "
+            f"related entry vs {self.right[0]} plain, the entry's answer copied {self.copied[1]} vs {self.copied[0]}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The library's ``routing["related"]`` record."""
+        return {
+            "on": self.on, "threshold": self.threshold, "model": self.model, "asked": self.asked,
+            "right": {"plain": self.right[0], "related": self.right[1]},
+            "copied": {"plain": self.copied[0], "related": self.copied[1]}, "why": self.why,
+        }  # fmt: skip
+
+
+def calibrate_related(
+    engine: GraftEngine, queries: Sequence[Mapping[str, Any]], *, max_tokens: int = 256
+) -> RelatedCalibration:
+    """Measure the ``related`` route on ``engine``'s library and model: every labelled question with a numeric
+    answer (``value``, else the number in ``answer``) whose route with ``related=True`` is related is asked
+    that way and plainly, each answer read as its final number (`kvgraft_plugin._checks.final_number`)."""
+    from ._checks import final_number, same_value
+
+    labelled = labelled_queries(engine, queries)
+    library = engine.library
+    assert library is not None  # labelled_queries needs one
+    right, copied, asked = [0, 0], [0, 0], 0
+    for q in labelled:
+        value = q.get("value")
+        value = float(value) if isinstance(value, (int, float)) else final_number(str(q.get("answer") or ""))
+        if value is None:
+            continue
+        related = engine.ask(q["question"], routing={"related": True}, max_tokens=max_tokens)
+        if related.cue != "related" or related.entry_id is None:
+            continue
+        answer = library.get(related.entry_id).entry.answer
+        theirs = final_number(answer) if answer else None
+        plain = engine.ask(q["question"], mode="plain", max_tokens=max_tokens)
+        asked += 1
+        for i, text in enumerate((plain.text, related.text)):
+            got = final_number(text)
+            if same_value(got, value):
+                right[i] += 1
+            elif theirs is not None and not same_value(theirs, value) and same_value(got, theirs):
+                copied[i] += 1
+    threshold = engine.routing.related(engine.config)[1]
+    return RelatedCalibration(threshold, asked, (right[0], right[1]), (copied[0], copied[1]), engine.model_path.name)

@@ -33,6 +33,8 @@ __all__ = [
     "entry_problems",
     "extract_answer",
     "extract_code",
+    "final_number",
+    "same_value",
     "library_tests_checker",
     "load_checker",
     "normalize_answer",
@@ -76,6 +78,46 @@ def answers_match(got: str, expected: str) -> bool:
     if _NUMBER.match(a) and _NUMBER.match(b):
         return float(a) == float(b)
     return False
+
+
+#: A number as solutions write it: a sign, digits with ``,`` or ``.`` or a thin space between groups, a decimal part.
+_WRITTEN_NUMBER = re.compile(r"[-−]?\d+(?:[ \u202f]\d{3})*(?:[.,]\d+)*")
+
+
+def final_number(text: str) -> float | None:
+    """The number a worked solution ends on: the first one after its last ``Answer:`` if it has one, else its
+    last number (``None``: no number). ``1,200`` and ``1 200`` are twelve hundred; ``10,55`` and ``10.55`` are
+    the same decimal (a comma before other than three digits, or after ``0``, or after a point, is a decimal
+    comma)."""
+    if "Answer:" in text:
+        after = _WRITTEN_NUMBER.findall(text.rsplit("Answer:", 1)[1])
+        numbers = after[:1] or _WRITTEN_NUMBER.findall(text)
+    else:
+        numbers = _WRITTEN_NUMBER.findall(text)
+    return _number(numbers[-1]) if numbers else None
+
+
+def same_value(got: float | None, value: float) -> bool:
+    """``got`` is ``value`` to the precision a worked answer states (cents, or 0.1% of the value)."""
+    return got is not None and abs(got - value) <= max(0.005, 1e-3 * abs(value))
+
+
+def _number(written: str) -> float | None:
+    digits = written.replace("−", "-").replace(" ", "").replace("\u202f", "")
+    if "," in digits and "." in digits:  # the later mark is the decimal one
+        digits = (
+            digits.replace(",", "")
+            if digits.rfind(".") > digits.rfind(",")
+            else digits.replace(".", "").replace(",", ".")
+        )
+    elif "," in digits:  # thousands only as groups of three after 1 to 3 leading digits, not "0"
+        head, *groups = digits.lstrip("-").split(",")
+        thousands = all(len(g) == 3 for g in groups) and 1 <= len(head) <= 3 and head != "0"
+        digits = digits.replace(",", "" if thousands else ".")
+    try:
+        return float(digits)
+    except ValueError:  # two decimal points ("1.2.3"): not one number
+        return None
 
 
 def default_check(question: Mapping[str, Any], text: str) -> bool:

@@ -100,6 +100,12 @@ def routing_options(func: F) -> F:
             "(default: the library's, else none).",
         ),
         click.option(
+            "--related/--no-related",
+            default=None,
+            help="The related route: a close question that is not the same problem is answered after its nearest "
+            "entry as a worked example (default: as `kvgraft calibrate --related` decided, else off).",
+        ),
+        click.option(
             "--key-file",
             type=click.Path(dir_okay=False),
             envvar="KVGRAFT_KEY_FILE",
@@ -386,7 +392,9 @@ def _read_queries(path: str) -> list[dict[str, Any]]:
 @click.argument("question", required=False)
 @click.option("--library", type=LibraryLocation(exists=False), help="Library folder or URL (omit for plain decoding).")
 @cache_dir_option
-@click.option("--mode", type=click.Choice(["auto", "graft", "text-rag", "plain"]), default="auto", show_default=True)
+@click.option(
+    "--mode", type=click.Choice(["auto", "graft", "related", "text-rag", "plain"]), default="auto", show_default=True
+)
 @click.option("--entry", "entry_id", help="Force this entry instead of routing.")
 @click.option("--queries", type=click.Path(exists=True, dir_okay=False), help="Answer every line of a queries JSONL.")
 @click.option("--max-tokens", type=int, help="Decode budget (default 64).")
@@ -558,7 +566,12 @@ def demo(library: str | None, source: str | None, queries: str | None, max_token
 @click.option("--library", required=True, type=LibraryLocation(exists=True))
 @cache_dir_option
 @click.option("--queries", required=True, type=click.Path(exists=True, dir_okay=False), help="Queries JSONL.")
-@click.option("--modes", default="plain,text-rag,graft", show_default=True, help="Comma-separated modes.")
+@click.option(
+    "--modes",
+    default="plain,text-rag,graft",
+    show_default=True,
+    help="Comma-separated, of plain, text-rag, graft, related, related-text-rag.",
+)
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--max-tokens", type=int, help="Decode budget per answer (default 64; it caps plain's token count).")
 @click.option(
@@ -590,14 +603,14 @@ def bench(
     plots."""
     from tqdm import tqdm
 
-    from ._bench import MODES, run_bench
+    from ._bench import ALL_MODES, run_bench
     from ._checks import load_checker
     from ._library import Library
 
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
-    unknown = set(chosen) - set(MODES)
+    unknown = set(chosen) - set(ALL_MODES)
     if unknown or not chosen:
-        raise click.UsageError(f"--modes takes {', '.join(MODES)}; got {modes!r}")
+        raise click.UsageError(f"--modes takes {', '.join(ALL_MODES)}; got {modes!r}")
     decode_list = [d.strip() for d in decoders.split(",") if d.strip()]
     if not decode_list or set(decode_list) - {"step", "lookup", "auto"}:
         raise click.UsageError(f"--decode takes step, lookup, auto; got {decoders!r}")
@@ -625,14 +638,25 @@ def bench(
     help="Labelled queries JSONL: expect_entry is an entry id, or null for near-miss and uncovered questions.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the curve and the choice as JSON.")
+@click.option(
+    "--related",
+    "related_route",
+    is_flag=True,
+    help="Instead, measure the related route against plain decoding on the queries with a numeric answer "
+    "(value, or a number in answer), and turn it on where it answers more right and copies no more.",
+)
+@click.option("--max-tokens", type=int, default=256, show_default=True, help="With --related: decode budget.")
 @routing_options
 @llama_options
-def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None:
+def calibrate(library: str, queries: str, as_json: bool, related_route: bool, max_tokens: int, **options: Any) -> None:
     """Pick the routing threshold from labelled queries and store it in the library (invalidates a signature)."""
     from ._calibrate import calibrate as run_calibrate
     from ._library import Library
 
     rows = _read_queries(queries)
+    if related_route:
+        _calibrate_related(library, rows, as_json, max_tokens, options)
+        return
     judge_model = options.get("judge_model")
     if judge_model not in (None, "off"):
         _calibrate_judge(library, rows, as_json, options)
@@ -641,8 +665,8 @@ def calibrate(library: str, queries: str, as_json: bool, **options: Any) -> None
         chosen, curve = run_calibrate(engine, rows)
     lib = Library.open(library, cache_dir=options.get("cache_dir"))
     was_signed = (lib.path / "manifest.sig").is_file()
-    judge = {"judge": lib.routing["judge"]} if "judge" in lib.routing else {}  # the judge's own calibration stays
-    lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows), **judge}
+    kept = {k: lib.routing[k] for k in ("judge", "related") if k in lib.routing}  # their own calibrations stay
+    lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows), **kept}
     lib.save()
     if as_json:
         points = [{"threshold": p.threshold, "right": p.right, "wrong": p.wrong, "recall": p.recall} for p in curve]
@@ -672,6 +696,24 @@ def _echo_curve(what: str, curve: list[Any], choice: str, chosen: Any, library: 
         f"{choice}: {chosen.right}/{chosen.covered} covered queries routed right, {chosen.wrong} wrong; "
         f"stored in {library}/manifest.json"
     )
+
+
+def _calibrate_related(
+    library: str, rows: list[dict[str, Any]], as_json: bool, max_tokens: int, options: dict[str, Any]
+) -> None:
+    """``calibrate --related``: the related route measured against plain, on or off, stored in the library."""
+    from ._calibrate import calibrate_related
+    from ._library import Library
+
+    with _engine(library, options) as engine:
+        measured = calibrate_related(engine, rows, max_tokens=max_tokens)
+    lib = Library.open(library, cache_dir=options.get("cache_dir"))
+    was_signed = (lib.path / "manifest.sig").is_file()
+    lib.routing = {**lib.routing, "related": measured.to_json()}
+    lib.save()
+    click.echo(json.dumps({**measured.to_json(), "resign": was_signed}) if as_json else f"related route {measured.why}")
+    if was_signed:
+        click.echo("the library's signature no longer matches: sign it again with `kvgraft sign`", err=True)
 
 
 def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, options: dict[str, Any]) -> None:

@@ -179,6 +179,7 @@ def kvgraft_object(result: GraftResult) -> dict[str, Any]:
     """What kvgraft adds to every response: how the answer was produced."""
     return {
         "route": result.route,
+        "cue": result.cue,
         "entry_id": result.entry_id,
         "score": result.score,
         "fallback_reason": result.fallback_reason,

@@ -189,3 +189,25 @@ def test_special_token_syntax_in_a_question_stays_text(chat_libraries):
         plain_probe = engine.probe_tokens(entry)
     # the typed marker adds plain-text tokens only; the special ones come from the template, as many as before
     assert sum(t in markup for t in probe) == sum(t in markup for t in plain_probe) > 0
+
+
+@pytest.mark.parametrize("fmt", ["answer", "solution"])
+def test_related_route_equals_its_text_rag_twin_bitwise(chat_libraries, small_library, gemma_path, fmt):
+    """The related route restores the entry's state, then prefills the question as a new problem (the RELATED
+    cue): its logits are bitwise those of prefilling the entry as text with the same suffix, and the greedy
+    answers are the same, in the chat template (both formats) and the text template."""
+    libraries, model_path, model_name = chat_libraries
+    cases = [(libraries[fmt], model_path, "What is 17 times 24?" if fmt == "answer" else CODE[0]["problem"] + " ")]
+    if fmt == "answer" and model_name == "gemma":
+        cases.append((small_library, gemma_path, "What is 17 times 24?"))  # the text template's answer format
+    for lib, model, question in cases:
+        with GraftEngine(lib, model_path=str(model), n_threads=2) as engine:
+            record = next(iter(engine.library.entries.values()))
+            suffix = engine.run_exclusive(lambda _, q=question: engine.prompts.suffix(q, related=True))
+            state = engine.load_state(record)
+            assert engine.restore_diff(list(record.tokens), state.payload, suffix) == 0.0  # np.array_equal
+            related = engine.ask(question, mode="related", entry_id=record.id, max_tokens=48)
+            twin = engine.ask(question, mode="text-rag", cue="related", entry_id=record.id, max_tokens=48)
+            assert (related.route, related.cue, twin.route, twin.cue) == ("related", "related", "text-rag", "related")
+            assert related.text == twin.text and related.decode_tokens == twin.decode_tokens, (related, twin)
+            assert related.prefill_tokens == len(suffix) and twin.prefill_tokens == len(suffix) + len(record.tokens)

@@ -92,3 +92,37 @@ def test_a_related_answer_is_a_solution_that_ends_where_the_entrys_does(served):
         assert engine.ask(NEAR_MISS, max_tokens=64).text == "17 + 23 = 40.\nAnswer: 40"
         assert engine.ask(NEAR_MISS, mode="text-rag", entry_id="mul", max_tokens=64).text == "17 + 23 = 40."
         assert engine.ask(NEAR_MISS, max_tokens=64, stop=["="]).text == "17 + 23 "  # the caller's stop wins
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("v = 150 / 12 = 12.5 m/s.\nAnswer: 12.5 m/s", 12.5),
+        ("Answer: $1,234.50 in all", 1234.5),
+        ("Le total est de 1 200 €, soit 10,55 € par personne.", 10.55),
+        ("0,125 kg", 0.125),
+        ("x = 3, then x + 1 = 4", 4.0),
+        ("no number here", None),
+    ],
+)
+def test_a_worked_solution_is_read_by_its_final_number(text, number):
+    from kvgraft_plugin._checks import final_number
+
+    assert final_number(text) == number
+
+
+def test_calibration_turns_the_route_on_only_for_more_right_answers_and_no_more_copies(served):  # noqa: F811
+    from kvgraft_plugin._calibrate import RelatedCalibration, calibrate_related
+
+    assert RelatedCalibration(0.5, 20, (9, 15), (1, 1), "m").on
+    assert not RelatedCalibration(0.5, 20, (9, 15), (1, 2), "m").on  # copies rose
+    assert not RelatedCalibration(0.5, 20, (9, 9), (1, 0), "m").on  # no more right
+    lib, open_engine = served
+    queries = [
+        {"id": "n1", "question": NEAR_MISS, "expect_entry": None, "value": 40},  # the fake says "391." to all
+        {"id": "p1", "question": "What is 17 times 23?", "expect_entry": "mul", "value": 391},  # same: not asked
+        {"id": "u1", "question": "Name a colour.", "expect_entry": None, "answer": "blue"},  # no number: left out
+    ]
+    measured = calibrate_related(open_engine(lib), queries, max_tokens=8)
+    assert (measured.asked, measured.right, measured.copied, measured.on) == (1, (0, 0), (1, 1), False)
+    assert "right 0 with the related entry vs 0 plain, the entry's answer copied 1 vs 1" in measured.why
