@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Sanity checks for examples/related/<set>/{library,queries}.jsonl."""
-import json, os, sys
+
+import json
+import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETS = ["physics", "chemistry", "finance", "geometry", "french", "spanish"]
@@ -90,8 +93,7 @@ for s in SETS:
         ks = sorted(per_entry.get(eid, []))
         if ks != sorted(["paraphrase", "near-miss/numbers", "near-miss/asked"]):
             err(f"{eid}: query kinds {ks}")
-    print(f"{s:10s} entries={len(lib)} queries={len(qs)} " +
-          " ".join(f"{k}={counts[k]}" for k in sorted(KINDS)))
+    print(f"{s:10s} entries={len(lib)} queries={len(qs)} " + " ".join(f"{k}={counts[k]}" for k in sorted(KINDS)))
     totals["entries"] += len(lib)
     for k in KINDS:
         totals[k] += counts[k]
