@@ -287,6 +287,15 @@ def test_an_alias_grafts_only_under_the_settings_in_force(served, settings, why)
     assert any(why in (v["reason"] or "") for v in answer.match), answer.match
 
 
+def test_a_refused_alias_raises_under_fallback_raise_instead_of_grafting(served):
+    from kvgraft_plugin import NoMatchError
+
+    lib, open_engine = _approved(served)
+    engine = open_engine(lib, judge_model="off", threshold=1.0, fallback="raise")
+    with pytest.raises(NoMatchError, match="no library entry matches"):
+        engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+
+
 def test_a_structural_veto_refuses_an_alias_whose_numbers_were_replaced(served):
     lib, open_engine = _approved(served)
     library = Library.open(lib)

@@ -38,3 +38,11 @@ def test_the_package_imports_without_the_native_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_test_file_has_a_basename_of_its_own():
+    # tests/unit and tests/integration are no packages: two files of one name are one module to pytest, and
+    # `make test` stops at collection (as it did when both held a test_reliability.py)
+    root = Path(__file__).resolve().parents[1]
+    names = [p.name for p in root.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
