@@ -74,10 +74,9 @@ class Planner:
             phases.update(decision.phases_ms)
             plain.trail = decision.trail
             if isinstance(decision, NoMatch):
-                related = self._related(request, config, decision, plain)
-                if related is None:
+                if not self._related(request, config, decision, plain):
                     return _no_match(config, plain, decision.reason)
-                decision, cue = related, "related"
+                cue = "related"
             record, score = library.get(decision.entry_id), decision.score  # type: ignore[arg-type]
 
         if source_sha256(record.entry) != record.source_sha256:
@@ -117,20 +116,19 @@ class Planner:
         finally:
             phases["check"] = (time.perf_counter() - t0) * 1000.0
 
-    def _related(self, request: Request, config: EngineConfig, decision: NoMatch, plain: Plan) -> NoMatch | None:
-        """``decision``, if its nearest entry is a related problem to answer the question after: the route is
+    def _related(self, request: Request, config: EngineConfig, decision: NoMatch, plain: Plan) -> bool:
+        """Whether ``decision``'s nearest entry is a related problem to answer the question after: the route is
         on (or forced: ``mode="related"``), the entry is at or above the related threshold, and the user has
         not revoked it for the question. Why the route is off goes to ``plain``'s notes when it would apply."""
         forced = request.cue == "related"
         if decision.entry_id is None or decision.score is None or not (forced or request.mode == "auto"):
-            return None
+            return False
         on, threshold, why_off = self.routing.related(config)
         if decision.score < threshold or self.routing.revoked.get(alias_key(request.question)) == decision.entry_id:
-            return None
+            return False
         if not (on or forced):
             plain.notes.append(f"related route off for entry {decision.entry_id}: {why_off}")
-            return None
-        return decision
+        return on or forced
 
     def as_text_rag(self, plan: Plan, reason: str | None = None) -> Plan:
         """A graft ``plan``'s entry served by text RAG instead: its prefix rendered from the entry's text

@@ -91,7 +91,7 @@ class Request:
         if unknown:
             raise ConfigError(f"unknown keyword arguments: {sorted(unknown)}")
         params = (sampling or config.sampling).replace(**sampling_fields)
-        related_stop = stop
+        related_stop: Sequence[str] | None = stop
         if stop is None:
             if config.stop is not None:
                 stop = related_stop = config.stop
@@ -102,7 +102,7 @@ class Request:
         decode = decode or config.decode
         if decode not in ("auto", "step", "lookup"):
             raise ConfigError(f"decode must be 'auto', 'step' or 'lookup', got {decode!r}")
-        stops, related_stops = tuple(s for s in stop if s), tuple(s for s in related_stop if s)
+        stops, related_stops = tuple(s for s in stop if s), tuple(s for s in related_stop or () if s)
         return cls(question, mode, entry_id, system, tuple(history), budget, stops, params, decode, related_stops, cue)
 
 

@@ -665,7 +665,7 @@ def calibrate(library: str, queries: str, as_json: bool, related_route: bool, ma
         chosen, curve = run_calibrate(engine, rows)
     lib = Library.open(library, cache_dir=options.get("cache_dir"))
     was_signed = (lib.path / "manifest.sig").is_file()
-    kept = {k: lib.routing[k] for k in ("judge", "related") if k in lib.routing}  # their own calibrations stay
+    kept: dict[str, Any] = {k: lib.routing[k] for k in ("judge", "related") if k in lib.routing}  # theirs stay
     lib.routing = {"threshold": chosen.threshold, "margin": 0.0, "source": "calibrated", "queries": len(rows), **kept}
     lib.save()
     if as_json:
