@@ -141,7 +141,10 @@ def calibrate_judge(
     a changed problem even with a clear Yes), or
     the entry with its numbers written in words that read back as its own (`kvgraft_plugin._numerals`)."""
     labelled = labelled_queries(engine, queries)
-    config = engine.config.replace(judge_model=judge_model, judge_threshold=float("-inf"), profile=profile)
+    # inline: every candidate the structural guards pass is judged now (async would leave it to the word guards)
+    config = engine.config.replace(
+        judge_model=judge_model, judge_threshold=float("-inf"), profile=profile, judge_mode="inline"
+    )
 
     def explain_all() -> Judged:
         router, judged, library = engine.routing.router(config), engine.routing.judge(config), engine.library
