@@ -696,7 +696,7 @@ def main():
         for slug, prob, sol, ans, expr, queries in entries:
             eid = f"{s}/{slug}"
             ev = val(expr, ans)
-            lib.append({"id": eid, "problem": prob, "solution": sol, "answer": ans, "value": ev})
+            lib.append({"id": eid, "problem": prob, "solution": sol, "answer": ans})  # a library source's fields
             for k, q, a, e in queries:
                 n[k] += 1
                 qv = val(e, a)

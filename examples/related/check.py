@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +28,12 @@ def load(path):
     return rows
 
 
+def answer_value(answer):
+    """The number an answer string states ("12.5 m/s", "$135", "10.55 €"), as build.py asserted it."""
+    match = re.search(r"-?\d+(?:\.\d+)?", answer.replace(",", ""))
+    return round(float(match.group()), 2) if match else None
+
+
 def isnum(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -38,13 +45,14 @@ for s in SETS:
     qs = load(os.path.join(HERE, s, "queries.jsonl"))
     entries = {}
     for e in lib:
-        if set(e) != {"id", "problem", "solution", "answer", "value"}:
+        if set(e) != {"id", "problem", "solution", "answer"}:
             err(f"{s}: entry keys {sorted(e)}")
         if not str(e.get("id", "")).startswith(s + "/"):
             err(f"{s}: entry id {e.get('id')} lacks prefix")
         for k in ("problem", "solution", "answer"):
             if not isinstance(e.get(k), str) or not e.get(k).strip():
                 err(f"{e.get('id')}: empty {k}")
+        e["value"] = answer_value(e.get("answer", ""))  # a library source has no value field: its answer's number
         if not isnum(e.get("value")):
             err(f"{e.get('id')}: value not a number")
         if e.get("id") in ids:
