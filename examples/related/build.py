@@ -681,6 +681,11 @@ KIND = {"P": "paraphrase", "N": "near-miss/numbers", "A": "near-miss/asked"}
 IDK = {"P": "paraphrase", "N": "near-miss-numbers", "A": "near-miss-asked"}
 
 
+#: Sets whose solutions write a decimal comma: their entries' answers are written the same way (a build checks
+#: that an entry's answer appears in its solution).
+DECIMAL_COMMA = ("french", "spanish")
+
+
 def val(expr, answer):
     v = round(eval(expr), 2)
     if v == int(v):
@@ -696,7 +701,8 @@ def main():
         for slug, prob, sol, ans, expr, queries in entries:
             eid = f"{s}/{slug}"
             ev = val(expr, ans)
-            lib.append({"id": eid, "problem": prob, "solution": sol, "answer": ans})  # a library source's fields
+            shown = ans.replace(".", ",") if s in DECIMAL_COMMA else ans  # as the solution writes it
+            lib.append({"id": eid, "problem": prob, "solution": sol, "answer": shown})  # a library source's fields
             for k, q, a, e in queries:
                 n[k] += 1
                 qv = val(e, a)

@@ -30,7 +30,7 @@ def load(path):
 
 def answer_value(answer):
     """The number an answer string states ("12.5 m/s", "$135", "10.55 €"), as build.py asserted it."""
-    match = re.search(r"-?\d+(?:\.\d+)?", answer.replace(",", ""))
+    match = re.search(r"-?\d+(?:\.\d+)?", answer.replace(",", "."))  # French and Spanish: a decimal comma
     return round(float(match.group()), 2) if match else None
 
 
