@@ -67,7 +67,19 @@ def llama_options(func: F) -> F:
 
 
 def routing_options(func: F) -> F:
-    """Routing settings for ``ask`` and ``bench``."""
+    """Routing settings for ``ask`` and ``bench``, the related route's switch included."""
+    return _routing_options(
+        click.option(
+            "--related/--no-related",
+            default=None,
+            help="The related route: a close question that is not the same problem is answered after its nearest "
+            "entry as a worked example (default: as `kvgraft calibrate --related` decided, else off).",
+        )(func)
+    )
+
+
+def _routing_options(func: F) -> F:
+    """Routing settings shared by ``ask``, ``bench`` and ``calibrate`` (whose ``--related`` measures the route)."""
     options = [
         click.option("--threshold", type=float, help="Cosine threshold (default: the library's)."),
         click.option(
@@ -98,12 +110,6 @@ def routing_options(func: F) -> F:
             type=click.Choice(["none", "math"]),
             help="With a judge, 'math' routes with the English word guards and lets the judge veto a clear No "
             "(default: the library's, else none).",
-        ),
-        click.option(
-            "--related/--no-related",
-            default=None,
-            help="The related route: a close question that is not the same problem is answered after its nearest "
-            "entry as a worked example (default: as `kvgraft calibrate --related` decided, else off).",
         ),
         click.option(
             "--key-file",
@@ -646,7 +652,7 @@ def bench(
     "(value, or a number in answer), and turn it on where it answers more right and copies no more.",
 )
 @click.option("--max-tokens", type=int, default=256, show_default=True, help="With --related: decode budget.")
-@routing_options
+@_routing_options
 @llama_options
 def calibrate(library: str, queries: str, as_json: bool, related_route: bool, max_tokens: int, **options: Any) -> None:
     """Pick the routing threshold from labelled queries and store it in the library (invalidates a signature)."""

@@ -86,3 +86,17 @@ def test_with_settings_splits_flat_settings_and_keeps_defaults_for_none():
         EngineConfig().with_settings(n_ctxx=1)
     with pytest.raises(ConfigError):
         EngineConfig().with_settings(n_batch=0)
+
+
+def test_no_command_line_option_is_declared_twice():
+    # click lets the later of two equal flags win silently: `calibrate --related` once ran the threshold
+    # calibration because the routing options declared a `--related` switch too
+    from kvgraft_plugin.cli import main
+
+    def commands(group):
+        for command in group.commands.values():
+            yield from commands(command) if hasattr(command, "commands") else (command,)
+
+    for command in commands(main):
+        flags = [flag for param in command.params for flag in (*param.opts, *param.secondary_opts)]
+        assert len(flags) == len(set(flags)), (command.name, sorted({f for f in flags if flags.count(f) > 1}))
