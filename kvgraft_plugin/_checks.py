@@ -80,8 +80,9 @@ def answers_match(got: str, expected: str) -> bool:
     return False
 
 
-#: A number as solutions write it: a sign, digits with ``,`` or ``.`` or a thin space between groups, a decimal part.
-_WRITTEN_NUMBER = re.compile(r"[-−]?\d+(?:[ \u202f]\d{3})*(?:[.,]\d+)*")
+#: A number as solutions write it: a sign, digits with ``,`` or ``.`` or a thin space between groups, a decimal part;
+#: not an exponent (the 3 of ``141.3 m^3``).
+_WRITTEN_NUMBER = re.compile(r"(?<![\d^])[-−]?\d+(?:[ \u202f]\d{3})*(?:[.,]\d+)*")
 
 
 def final_number(text: str) -> float | None:

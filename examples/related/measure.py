@@ -33,7 +33,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--kinds", default="near-miss,paraphrase", help="query kinds, by prefix")
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument("--rescore", type=Path, help="score the answers saved in this results file again; no model")
     args = parser.parse_args()
+    if args.rescore:
+        rows = rescore(json.loads(args.rescore.read_text()))
+        args.rescore.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
+        print(report(rows))
+        return
     kinds = tuple(args.kinds.split(","))
     rows = []
     for lib in sorted(p for p in args.libraries.iterdir() if (p / "manifest.json").is_file()):
@@ -67,6 +73,24 @@ def main() -> None:
                 )
     args.out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     print(report(rows))
+
+
+def rescore(rows: list[dict]) -> list[dict]:
+    """``rows`` with each saved answer read again (`final_number`, `same_value`), as `main` scores them."""
+    answers = {}
+    for path in HERE.glob("*/library.jsonl"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            answers[entry["id"]] = final_number(entry["answer"])
+    near = {q["id"]: q["near_entry"] for path in HERE.glob("*/queries.jsonl") for q in read_queries(path)}
+    for row in rows:
+        theirs = answers[near[row["id"]]]
+        for name in ("related", "plain"):
+            got = final_number(row[name]["text"])
+            right = same_value(got, row["value"])
+            copied = not right and theirs is not None and same_value(got, theirs)
+            row[name].update(got=got, right=right, copied=copied)
+    return rows
 
 
 def report(rows: list[dict]) -> str:

@@ -102,6 +102,8 @@ def test_a_related_answer_is_a_solution_that_ends_where_the_entrys_does(served):
         ("Le total est de 1 200 €, soit 10,55 € par personne.", 10.55),
         ("0,125 kg", 0.125),
         ("x = 3, then x + 1 = 4", 4.0),
+        ("the volume is 45 x 3.14 = 141.3 m^3.", 141.3),  # a unit's exponent is no result
+        ("a = 2.5 m/s^2 and v = 24 m/s", 24.0),
         ("no number here", None),
     ],
 )
