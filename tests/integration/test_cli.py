@@ -29,6 +29,7 @@ JSON_KEYS = {
     "finish_reason",
     "match",
     "notes",
+    "cue",
 }
 
 
@@ -69,6 +70,7 @@ def test_ask_json_contract(cli_library):
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(out) == JSON_KEYS
     assert out["route"] == "graft" and out["entry_id"] == "mul" and out["fallback_reason"] is None
+    assert out["cue"] == "same"  # the entry's problem asked again, not a related one
     assert out["text"] == "391" and out["restored_tokens"] > 0 and out["ttft_ms"] > 0
     assert out["decode"] == "lookup" and out["decode_ms"] > 0 and 0 <= out["accepted_tokens"] <= out["drafted_tokens"]
     assert {"check", "restore", "prefill", "first_token"} <= set(out["phases_ms"])
