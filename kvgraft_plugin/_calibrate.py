@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._checks import final_number, same_value
 from ._engine import GraftEngine
 from ._exceptions import ConfigError
 from ._judge import CLOSE_MARGIN, SMALL_EDIT, JudgeVerdict, clear_yes
@@ -221,11 +222,10 @@ def calibrate_related(
     """Measure the ``related`` route on ``engine``'s library and model: every labelled question with a numeric
     answer (``value``, else the number in ``answer``) whose route with ``related=True`` is related is asked
     that way and plainly, each answer read as its final number (`kvgraft_plugin._checks.final_number`)."""
-    from ._checks import final_number, same_value
-
-    labelled = labelled_queries(engine, queries)
     library = engine.library
-    assert library is not None  # labelled_queries needs one
+    if library is None:
+        raise ConfigError("calibrate --related needs a library")
+    labelled = labelled_queries(engine, queries)
     right, copied, asked = [0, 0], [0, 0], 0
     for q in labelled:
         value = q.get("value")
