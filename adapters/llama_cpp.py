@@ -408,17 +408,15 @@ class LlamaBackend:
     def capture_state(self) -> bytearray:
         """The whole KV cache, every cell, in sequence framing for `restore_state`.
 
-        A recurrent model's state is the sequence's own (``llama_state_seq_get_data``): it has no
-        sliding-window cells to lose, and the sequence loader wants its cells written sequence-agnostic.
-        Refused on another llama-cpp-python than `PINNED_VERSION` (the framing is that release's), and
-        with `ConfigError` for a layout not proven exact or a state that does not walk as its layout.
+        A recurrent or hybrid model's state is the sequence's own (``llama_state_seq_get_data``): it has no
+        sliding-window cells to lose, and the sequence loader wants its recurrent cells written
+        sequence-agnostic. Refused on another llama-cpp-python than `PINNED_VERSION` (the framing is that
+        release's), and with `ConfigError` for a state that does not walk as its layout.
         """
         if llama_cpp_version() != PINNED_VERSION:
             raise BackendError(
                 f"KV capture is written against llama-cpp-python {PINNED_VERSION}; {llama_cpp_version()} is installed"
             )
-        if self.layout.unsupported:
-            raise ConfigError(f"{self.arch} models cannot be grafted: {self.layout.unsupported}")
         if self.n_seq > 1:
             raise ConfigError("states are captured in a context of one sequence (max_batch=1), as libraries are built")
         payload = self._capture_sequence() if self.layout.recurrent else self._capture_every_cell()
@@ -624,14 +622,20 @@ class ChainSampler:
             self._grammar = None
 
 
+#: RoPE types whose KV cells keep two more positions (llama_hparams::n_pos_per_embd > 1).
+_MROPE_TYPES = (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
+
+
 def _layout(model: Any, n_swa: int) -> StateLayout:
-    """The state layout of ``model``, marked unsupported where no test has proven a graft exact."""
-    if llama_cpp.llama_model_is_hybrid(model):
-        # its recurrent section skips the attention layers, and no hybrid is in the architecture matrix yet
-        return StateLayout(1, recurrent=True, unsupported="a hybrid attention + recurrent state is not proven exact")
+    """The state layout of ``model``: attention KV (a second cache for sliding-window layers), then the
+    recurrent layers' state of a recurrent or hybrid model."""
     if llama_cpp.llama_model_is_recurrent(model):
         return StateLayout(kv_sections=0, recurrent=True)
-    return StateLayout(kv_sections=2 if n_swa > 0 else 1)
+    return StateLayout(
+        kv_sections=2 if n_swa > 0 else 1,
+        recurrent=bool(llama_cpp.llama_model_is_hybrid(model)),
+        cell_ext=llama_cpp.llama_model_rope_type(model) in _MROPE_TYPES,
+    )
 
 
 def _apply_builtin_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:

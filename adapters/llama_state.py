@@ -51,8 +51,9 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
     The walk follows ``llama_kv_cache::state_write`` and ``llama_memory_recurrent::state_write`` of the
     pinned llama.cpp, section by section as ``layout`` says (``None``: one or more KV sections). A KV
     section must hold one stream whose cells all belong to sequence 0 only, with distinct positions, and
-    no per-cell extras; a recurrent section holds sequence 0's cells, written sequence-agnostic. Anything
-    else is refused with `IntegrityError` before the bytes can reach native code.
+    per-cell extras exactly when the layout has them (M-RoPE); a recurrent section (a recurrent model's,
+    or a hybrid's after its KV) holds sequence 0's cells, written sequence-agnostic, and two rows per
+    recurrent layer. Anything else is refused with `IntegrityError` before the bytes can reach native code.
     """
     view = memoryview(payload).cast("B")
     size = len(view)
@@ -70,13 +71,15 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
     if magic != SEQ_STATE_MAGIC or seq_id != 0:
         raise IntegrityError(f"not a sequence-0 KV state (magic {magic:#x}, seq {seq_id})")
 
-    def positions(cell_count: int, n_seq_id: int, what: str) -> int:
-        """Read the cells' metadata: pos (i32), n_seq_id (u32), that many seq ids (i32); the highest pos."""
-        meta = np.frombuffer(take(4 * (2 + n_seq_id) * cell_count), dtype="<i4").reshape(cell_count, 2 + n_seq_id)
-        if not (np.all(meta[:, 1] == n_seq_id) and np.all(meta[:, 2:] == 0)):
+    def positions(cell_count: int, n_seq_id: int, what: str, ext: int = 0) -> int:
+        """Read the cells' metadata: pos (i32), n_seq_id (u32), ``ext`` more fields (``llama_kv_cell_ext``:
+        M-RoPE's x and y, and the cell's token, -1 for an embedding), that many seq ids (i32); the highest pos."""
+        width = 2 + ext + n_seq_id
+        meta = np.frombuffer(take(4 * width * cell_count), dtype="<i4").reshape(cell_count, width)
+        if not (np.all(meta[:, 1] == n_seq_id) and np.all(meta[:, 2 + ext :] == 0)) or (ext and meta[:, 4].min() < -1):
             raise IntegrityError(f"{what} has cells outside sequence 0, or a layout this build does not know")
         pos = meta[:, 0]
-        if pos.min() < 0 or len(np.unique(pos)) != cell_count:
+        if pos.min() < 0 or len(np.unique(pos)) != cell_count or (ext and meta[:, 2:4].min() < 0):
             raise IntegrityError(f"{what} has negative or repeated positions")
         return int(pos.max())
 
@@ -87,6 +90,7 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
     max_pos = -1
     kv_sections = layout.kv_sections if layout is not None else None
     kv_spans: list[tuple[int, int]] = []
+    attention_layers = 0
     while offset < size and (kv_sections is None or len(n_cells) < kv_sections):
         section_start = offset
         (n_stream,) = _U32.unpack(take(4))
@@ -95,10 +99,12 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
         (cell_count,) = _U32.unpack(take(4))
         if cell_count == 0:
             raise IntegrityError("KV state section holds no cells")
-        max_pos = max(max_pos, positions(cell_count, 1, "KV state"))  # one seq id each; no cell extras
+        ext = 3 if layout is not None and layout.cell_ext else 0
+        max_pos = max(max_pos, positions(cell_count, 1, "KV state", ext))  # one seq id each
         v_trans, n_layer = struct.unpack("<II", take(8))
         if v_trans not in (0, 1) or n_layer == 0 or n_layer > 1024:
             raise IntegrityError(f"KV state has a bad layer header (v_trans={v_trans}, n_layer={n_layer})")
+        attention_layers += n_layer
         section_k = {_read_rows(take, cell_count) for _ in range(n_layer)}
         if v_trans:
             section_v = {_read_transposed(take, cell_count) for _ in range(n_layer)}
@@ -120,8 +126,17 @@ def inspect_seq_state(payload: bytes | bytearray | memoryview, layout: StateLayo
         s_trans, n_layer = struct.unpack("<II", take(8))
         if s_trans != 0 or n_layer == 0 or n_layer > 1024:
             raise IntegrityError(f"recurrent state has a bad layer header (s_trans={s_trans}, n_layer={n_layer})")
-        types = {_read_rows(take, cell_count) for _ in range(2 * n_layer)}  # R rows, then S rows, per layer
-        recurrent_types = tuple(sorted(types))
+        # R rows, then S rows, of each recurrent layer: every layer of a recurrent model, the layers beside
+        # the attention ones in a hybrid (n_layer counts all of them; the attention layers are skipped)
+        rows: list[int] = []
+        while offset < size and len(rows) < 2 * n_layer:
+            rows.append(_read_rows(take, cell_count, empty=True))
+        recurrent_layers = len(rows) // 2
+        if len(rows) % 2 or not rows or (layout.kv_sections == 0 and recurrent_layers != n_layer):
+            raise IntegrityError(f"recurrent state has {len(rows)} rows for {n_layer} layers")
+        if attention_layers > n_layer:  # Falcon-H1 runs both in every layer; the others alternate
+            raise IntegrityError(f"hybrid state has {attention_layers} attention layers of {n_layer}")
+        recurrent_types = tuple(sorted(set(rows)))
     if offset != size:
         raise IntegrityError(f"state has {size - offset} bytes past its last section")
     if not n_cells and not recurrent_types:
@@ -150,9 +165,11 @@ def for_stream_context(payload: bytes | bytearray | memoryview, layout: StateLay
     return out
 
 
-def _read_rows(take: Any, cell_count: int) -> int:
+def _read_rows(take: Any, cell_count: int, *, empty: bool = False) -> int:
+    """Skip one layer's rows and return their type; ``empty`` allows rows of 0 bytes (a short-convolution
+    layer of LFM2 has no S state)."""
     type_id, row_size = _LAYER_HEADER.unpack(take(_LAYER_HEADER.size))
-    if row_size == 0 or row_size > 1 << 24:
+    if (row_size == 0 and not empty) or row_size > 1 << 24:
         raise IntegrityError(f"KV state has an implausible row size {row_size}")
     take(row_size * cell_count)
     return int(type_id)

@@ -166,6 +166,8 @@ class ArchRow:
     layers: int
     swa: bool
     recurrent: bool
+    hybrid: bool
+    mrope: bool
     moe: bool
     exact: bool
     max_abs_diff: float
@@ -192,7 +194,8 @@ def run_arch_matrix(folder: str | Path | None = None, *, threads: tuple[int, ...
 
 def _arch_row(name: str, path: Path, threads: tuple[int, ...]) -> ArchRow:
     spec = TINY_ARCHS[name]
-    row = ArchRow(name, spec.n_layer, spec.swa, spec.recurrent, spec.moe, False, float("nan"), float("nan"))
+    nan = float("nan")
+    row = ArchRow(name, spec.n_layer, spec.swa, spec.recurrent, spec.hybrid, spec.mrope, spec.moe, False, nan, nan)
     try:
         with GraftEngine(None, model_path=str(path), **MATRIX_SETTINGS) as engine:  # type: ignore[arg-type]
             checks = run_doctor(engine, threads=threads)

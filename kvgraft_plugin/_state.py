@@ -67,18 +67,21 @@ class SavedState:
 class StateLayout:
     """What a model's sequence state holds, in the order llama.cpp writes it: ``kv_sections`` attention KV
     caches (1 for a dense model, 2 for a sliding-window one: base and SWA cache), then the per-layer
-    state of a recurrent model when ``recurrent``."""
+    state of the recurrent layers when ``recurrent`` (every layer of a recurrent model, those beside the
+    attention layers of a hybrid)."""
 
     kv_sections: int
     recurrent: bool = False
-    unsupported: str = ""
-    """Why states of this layout cannot be grafted ("" when they can); builds refuse it with this text."""
+    cell_ext: bool = False
+    """Each KV cell carries M-RoPE's 2-D position and its token (``llama_kv_cell_ext``)."""
 
     def describe(self) -> str:
         """The layout in words, for messages."""
         kv = {0: "", 1: "attention KV", 2: "attention KV (base + sliding-window caches)"}.get(
             self.kv_sections, f"{self.kv_sections} attention KV caches"
         )
+        if self.cell_ext:
+            kv += " with M-RoPE positions"
         return " + ".join(part for part in (kv, "recurrent state" if self.recurrent else "") if part)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._exceptions import ConfigError
 
-__all__ = ["TINY_ARCHS", "UNPROVEN_ARCHS", "TinyArch", "write_tiny_model"]
+__all__ = ["TINY_ARCHS", "TinyArch", "write_tiny_model"]
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 64, 4, 2, 16, 128
 N_EXPERT, N_EXPERT_USED = 4, 2
@@ -43,6 +43,11 @@ class TinyArch:
     """Architecture keys (without the ``{arch}.`` prefix) beyond the common ones."""
     extra: Callable[[Any, int, np.random.Generator], None] | None = None
     """Adds the architecture's own tensors for block ``i`` (``None``: a llama-style block)."""
+    hybrid: bool = False
+    """Attention layers beside recurrent or convolutional ones."""
+    mrope: bool = False
+    """Multi-axis RoPE: each cache cell keeps extra positions."""
+    output_norm: str = "output_norm"
 
 
 def _w(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -139,6 +144,10 @@ def _qwen2moe(writer: Any, i: int, rng: np.random.Generator) -> None:
     _attention(writer, i, rng, bias=True)
     writer.add_tensor(f"blk.{i}.ffn_norm.weight", _norm(N_EMBD))
     _experts(writer, i, rng)
+    _shared_expert(writer, i, rng)
+
+
+def _shared_expert(writer: Any, i: int, rng: np.random.Generator) -> None:
     writer.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.weight", _w(rng, N_EMBD))
     writer.add_tensor(f"blk.{i}.ffn_gate_shexp.weight", _w(rng, N_FF, N_EMBD))
     writer.add_tensor(f"blk.{i}.ffn_up_shexp.weight", _w(rng, N_FF, N_EMBD))
@@ -148,8 +157,9 @@ def _qwen2moe(writer: Any, i: int, rng: np.random.Generator) -> None:
 D_INNER, D_STATE, D_CONV, DT_RANK = 2 * N_EMBD, 16, 4, 4
 
 
-def _mamba(writer: Any, i: int, rng: np.random.Generator) -> None:
-    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+def _mamba(writer: Any, i: int, rng: np.random.Generator, *, norm: bool = True) -> None:
+    if norm:
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
     writer.add_tensor(f"blk.{i}.ssm_in.weight", _w(rng, 2 * D_INNER, N_EMBD))
     writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", _w(rng, D_INNER, D_CONV))
     writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(D_INNER, dtype=np.float32))
@@ -162,7 +172,165 @@ def _mamba(writer: Any, i: int, rng: np.random.Generator) -> None:
     writer.add_tensor(f"blk.{i}.ssm_out.weight", _w(rng, N_EMBD, D_INNER))
 
 
+#: Hybrid layer pattern: which blocks are attention (the others recurrent or convolutional).
+HYBRID_ATTENTION = (1,)
+N_HYBRID = 3
+L_CACHE = 3
+
+
+def _hybrid_kv() -> list[int]:
+    """Per-layer KV head counts of a hybrid: 0 marks a recurrent layer."""
+    return [N_HEAD_KV if i in HYBRID_ATTENTION else 0 for i in range(N_HYBRID)]
+
+
+def _lfm2(writer: Any, i: int, rng: np.random.Generator) -> None:
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+    if i in HYBRID_ATTENTION:
+        _attention(writer, i, rng, qk_norm=(HEAD_DIM, HEAD_DIM))
+    else:
+        writer.add_tensor(f"blk.{i}.shortconv.conv.weight", _w(rng, N_EMBD, L_CACHE))
+        writer.add_tensor(f"blk.{i}.shortconv.in_proj.weight", _w(rng, 3 * N_EMBD, N_EMBD))
+        writer.add_tensor(f"blk.{i}.shortconv.out_proj.weight", _w(rng, N_EMBD, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_norm.weight", _norm(N_EMBD))
+    _mlp(writer, i, rng)
+
+
+N_SSM_HEAD, N_GROUP = 8, 1
+_CONV_DIM = D_INNER + 2 * N_GROUP * D_STATE
+
+
+def _mamba2_mixer(writer: Any, i: int, rng: np.random.Generator) -> None:
+    writer.add_tensor(f"blk.{i}.ssm_in.weight", _w(rng, 2 * D_INNER + 2 * N_GROUP * D_STATE + N_SSM_HEAD, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", _w(rng, _CONV_DIM, D_CONV))
+    writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(_CONV_DIM, dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.full(N_SSM_HEAD, -2.0, dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_a", -np.arange(1, N_SSM_HEAD + 1, dtype=np.float32).reshape(N_SSM_HEAD, 1))
+    writer.add_tensor(f"blk.{i}.ssm_d", np.ones((N_SSM_HEAD, 1), dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_norm.weight", np.ones((N_GROUP, D_INNER // N_GROUP), dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_out.weight", _w(rng, N_EMBD, D_INNER))
+
+
+def _mamba2(writer: Any, i: int, rng: np.random.Generator) -> None:
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+    _mamba2_mixer(writer, i, rng)
+
+
+def _granite_hybrid(writer: Any, i: int, rng: np.random.Generator) -> None:
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+    if i in HYBRID_ATTENTION:
+        _attention(writer, i, rng)
+    else:
+        _mamba2_mixer(writer, i, rng)
+    writer.add_tensor(f"blk.{i}.ffn_norm.weight", _norm(N_EMBD))
+    _mlp(writer, i, rng)
+
+
+#: Nemotron-H's blocks each hold one mixer: Mamba-2, attention, or an MLP (ReLU², no gate).
+NEMOTRON_PATTERN = ("mamba", "attention", "mlp")
+
+
+def _nemotron_h(writer: Any, i: int, rng: np.random.Generator) -> None:
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+    kind = NEMOTRON_PATTERN[i]
+    if kind == "mamba":
+        _mamba2_mixer(writer, i, rng)
+    elif kind == "attention":
+        _attention(writer, i, rng)
+    else:
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", _w(rng, N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", _w(rng, N_EMBD, N_FF))
+
+
+def _falcon_h1(writer: Any, i: int, rng: np.random.Generator) -> None:
+    """Falcon-H1 runs attention and a Mamba-2 mixer side by side in every block."""
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+    _mamba2_mixer(writer, i, rng)
+    _attention(writer, i, rng)
+    writer.add_tensor(f"blk.{i}.ffn_norm", _norm(N_EMBD))
+    _mlp(writer, i, rng)
+
+
+def _jamba(writer: Any, i: int, rng: np.random.Generator) -> None:
+    """Mamba-1 blocks beside an attention block, whose feed-forward is a mixture of experts."""
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+    if i in HYBRID_ATTENTION:
+        _attention(writer, i, rng)
+    else:
+        _mamba(writer, i, rng, norm=False)
+        writer.add_tensor(f"blk.{i}.ssm_dt_norm.weight", _norm(DT_RANK))
+        writer.add_tensor(f"blk.{i}.ssm_b_norm.weight", _norm(D_STATE))
+        writer.add_tensor(f"blk.{i}.ssm_c_norm.weight", _norm(D_STATE))
+    writer.add_tensor(f"blk.{i}.ffn_norm.weight", _norm(N_EMBD))
+    (_experts if i in HYBRID_ATTENTION else _mlp)(writer, i, rng)
+
+
+#: Gated DeltaNet (Qwen3.5, Qwen3-Next): key heads, value heads, and the width of each.
+N_K_HEADS, N_V_HEADS, DELTA_HEAD = 2, 4, 16
+
+
+def _gated_delta_net(writer: Any, i: int, rng: np.random.Generator, *, fused_ba: bool) -> None:
+    key_dim, value_dim = DELTA_HEAD * N_K_HEADS, DELTA_HEAD * N_V_HEADS
+    writer.add_tensor(f"blk.{i}.attn_qkv.weight", _w(rng, 2 * key_dim + value_dim, N_EMBD))
+    writer.add_tensor(f"blk.{i}.attn_gate.weight", _w(rng, value_dim, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", _w(rng, 2 * key_dim + value_dim, D_CONV))
+    writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.zeros(N_V_HEADS, dtype=np.float32))
+    writer.add_tensor(f"blk.{i}.ssm_a", -np.ones(N_V_HEADS, dtype=np.float32))
+    if fused_ba:
+        writer.add_tensor(f"blk.{i}.ssm_ba.weight", _w(rng, 2 * N_V_HEADS, N_EMBD))
+    else:
+        writer.add_tensor(f"blk.{i}.ssm_beta.weight", _w(rng, N_V_HEADS, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ssm_alpha.weight", _w(rng, N_V_HEADS, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ssm_norm.weight", _norm(DELTA_HEAD))
+    writer.add_tensor(f"blk.{i}.ssm_out.weight", _w(rng, N_EMBD, value_dim))
+
+
+def _gated_attention(writer: Any, i: int, rng: np.random.Generator) -> None:
+    """Qwen3.5's full-attention layer: a gated query (twice as wide), QK norms."""
+    q, kv = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
+    writer.add_tensor(f"blk.{i}.attn_q.weight", _w(rng, 2 * q, N_EMBD))
+    writer.add_tensor(f"blk.{i}.attn_k.weight", _w(rng, kv, N_EMBD))
+    writer.add_tensor(f"blk.{i}.attn_v.weight", _w(rng, kv, N_EMBD))
+    writer.add_tensor(f"blk.{i}.attn_output.weight", _w(rng, N_EMBD, q))
+    writer.add_tensor(f"blk.{i}.attn_q_norm.weight", _norm(HEAD_DIM))
+    writer.add_tensor(f"blk.{i}.attn_k_norm.weight", _norm(HEAD_DIM))
+
+
+def _qwen35(moe: bool) -> Callable[[Any, int, np.random.Generator], None]:
+    def block(writer: Any, i: int, rng: np.random.Generator) -> None:
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", _norm(N_EMBD))
+        writer.add_tensor(f"blk.{i}.post_attention_norm.weight", _norm(N_EMBD))
+        if i in HYBRID_ATTENTION:
+            _gated_attention(writer, i, rng)
+        else:
+            _gated_delta_net(writer, i, rng, fused_ba=moe)
+        if moe:
+            _experts(writer, i, rng)
+            _shared_expert(writer, i, rng)
+        else:
+            _mlp(writer, i, rng)
+
+    return block
+
+
+_MAMBA2 = {
+    "ssm.conv_kernel": D_CONV,
+    "ssm.inner_size": D_INNER,
+    "ssm.state_size": D_STATE,
+    "ssm.time_step_rank": N_SSM_HEAD,
+    "ssm.group_count": N_GROUP,
+}
 _SWA = {"attention.sliding_window": WINDOW}
+#: M-RoPE's sections (temporal, height, width, unused) of a head's rotary pairs.
+_MROPE = {"rope.dimension_sections": [2, 2, 4, 0]}
+_DELTA = {
+    **_MROPE,
+    "full_attention_interval": 2,
+    "ssm.conv_kernel": D_CONV,
+    "ssm.inner_size": DELTA_HEAD * N_V_HEADS,
+    "ssm.state_size": DELTA_HEAD,
+    "ssm.time_step_rank": N_V_HEADS,
+    "ssm.group_count": N_K_HEADS,
+}
 _MOE = {"expert_count": N_EXPERT, "expert_used_count": N_EXPERT_USED}
 _GEMMA = {"attention.key_length": HEAD_DIM, "attention.value_length": HEAD_DIM}
 
@@ -208,50 +376,107 @@ TINY_ARCHS: dict[str, TinyArch] = {
                 "ssm.time_step_rank": DT_RANK,
             },
         ),  # fmt: skip
+        TinyArch(
+            "lfm2",
+            N_HYBRID,
+            hybrid=True,
+            extra=_lfm2,
+            output_norm="token_embd_norm",
+            hparams={"attention.head_count_kv": _hybrid_kv(), "shortconv.l_cache": L_CACHE},
+        ),
+        TinyArch("mamba2", 2, recurrent=True, extra=_mamba2, hparams=_MAMBA2),
+        TinyArch(
+            "granitehybrid",
+            N_HYBRID,
+            hybrid=True,
+            extra=_granite_hybrid,
+            hparams={**_MAMBA2, "attention.head_count_kv": _hybrid_kv()},
+        ),
+        TinyArch(
+            "nemotron_h",
+            len(NEMOTRON_PATTERN),
+            hybrid=True,
+            extra=_nemotron_h,
+            hparams={
+                **_MAMBA2,
+                "attention.layer_norm_epsilon": 1e-5,
+                "attention.head_count_kv": [N_HEAD_KV if k == "attention" else 0 for k in NEMOTRON_PATTERN],
+                "feed_forward_length": [N_FF if k == "mlp" else 0 for k in NEMOTRON_PATTERN],
+            },
+        ),
+        TinyArch("falcon-h1", 2, hybrid=True, extra=_falcon_h1, hparams=_MAMBA2),
+        TinyArch(
+            "jamba",
+            N_HYBRID,
+            hybrid=True,
+            moe=True,
+            extra=_jamba,
+            hparams={
+                **_MOE,
+                "attention.head_count_kv": _hybrid_kv(),
+                "ssm.conv_kernel": D_CONV,
+                "ssm.inner_size": D_INNER,
+                "ssm.state_size": D_STATE,
+                "ssm.time_step_rank": DT_RANK,
+            },
+        ),
+        TinyArch("qwen35", N_HYBRID, hybrid=True, mrope=True, extra=_qwen35(False), hparams=_DELTA),
+        TinyArch(
+            "qwen3next",
+            N_HYBRID,
+            hybrid=True,
+            moe=True,
+            extra=_qwen35(True),
+            hparams={
+                **_DELTA,
+                **_MOE,
+                "expert_feed_forward_length": N_FF,
+                "expert_shared_feed_forward_length": N_FF,
+            },
+        ),
+        TinyArch("qwen2vl", 2, mrope=True, hparams=_MROPE, extra=_qwen2),
+        TinyArch("qwen3vl", 2, mrope=True, hparams=_MROPE, extra=_qwen3),
     )
 }
 
 
-#: Architectures llama.cpp loads whose state layout kvgraft does not walk: a build refuses them by name.
-#: qwen2vl's M-RoPE cells carry extra positions after their sequence ids.
-UNPROVEN_ARCHS: dict[str, TinyArch] = {
-    "qwen2vl": TinyArch("qwen2vl", 2, hparams={"rope.dimension_sections": [2, 2, 4, 0]}, extra=_qwen2),
-}
+def _add_key(writer: Any, key: str, value: Any) -> None:
+    """One metadata key, typed as llama.cpp reads it: u32 integers, f32 floats, arrays of either."""
+    if isinstance(value, list):
+        writer.add_array(key, value)
+    elif isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    else:
+        writer.add_uint32(key, value)
 
 
 def write_tiny_model(path: str | Path, name: str, *, seed: int = 0) -> Path:
-    """Write the tiny model ``name`` (a key of `TINY_ARCHS` or `UNPROVEN_ARCHS`) to ``path``; the same seed
+    """Write the tiny model ``name`` (a key of `TINY_ARCHS`) to ``path``; the same seed
     writes the same file."""
     try:
         import gguf
     except ImportError as exc:
         raise ConfigError("the architecture matrix writes GGUF files: pip install 'kvgraft-plugin[matrix]'") from exc
-    spec = TINY_ARCHS.get(name) or UNPROVEN_ARCHS.get(name)
+    spec = TINY_ARCHS.get(name)
     if spec is None:
-        raise ConfigError(f"no tiny model for {name!r}: one of {', '.join([*TINY_ARCHS, *UNPROVEN_ARCHS])}")
+        raise ConfigError(f"no tiny model for {name!r}: one of {', '.join(TINY_ARCHS)}")
     arch, rng = spec.name, np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"kvgraft tiny {name}")
-    writer.add_context_length(4096)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(spec.n_layer)
-    writer.add_layer_norm_rms_eps(1e-5)
+    common: dict[str, Any] = {
+        "context_length": 4096,
+        "embedding_length": N_EMBD,
+        "block_count": spec.n_layer,
+        "attention.layer_norm_rms_epsilon": 1e-5,
+        "feed_forward_length": 0 if spec.recurrent else N_FF,
+        "attention.head_count": 0 if spec.recurrent else N_HEAD,
+    }
     if not spec.recurrent:
-        writer.add_feed_forward_length(N_FF)
-        writer.add_head_count(N_HEAD)
-        writer.add_head_count_kv(N_HEAD_KV)
-        writer.add_rope_freq_base(10000.0)
-    else:
-        writer.add_feed_forward_length(0)
-        writer.add_head_count(0)
-    for key, value in spec.hparams.items():
-        full = f"{arch}.{key}"
-        if isinstance(value, list):
-            writer.add_array(full, value)
-        elif isinstance(value, float):
-            writer.add_float32(full, value)
-        else:
-            writer.add_uint32(full, value)
+        common |= {"attention.head_count_kv": N_HEAD_KV, "rope.freq_base": 10000.0}
+    for key, value in {**common, **spec.hparams}.items():
+        _add_key(writer, f"{arch}.{key}", value)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(_PIECES)
     n_words = len(_PIECES) - len(_SPECIALS) - 256
@@ -265,7 +490,7 @@ def write_tiny_model(path: str | Path, name: str, *, seed: int = 0) -> Path:
     writer.add_tensor("token_embd.weight", _w(rng, n_vocab, N_EMBD))
     for i in range(spec.n_layer):
         (spec.extra or _llama_block)(writer, i, rng)
-    writer.add_tensor("output_norm.weight", _norm(N_EMBD))
+    writer.add_tensor(f"{spec.output_norm}.weight", _norm(N_EMBD))
     if spec.name != "gemma2":  # gemma2 always ties its output to the embedding
         writer.add_tensor("output.weight", _w(rng, n_vocab, N_EMBD))
     writer.write_header_to_file()

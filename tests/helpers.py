@@ -1,10 +1,19 @@
-"""Bitwise comparison that explains itself when it fails, and a free localhost port for test servers."""
+"""Bitwise comparison that explains itself when it fails, a free localhost port, and `kvgraft serve` in a
+subprocess for the server tests."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
 import numpy as np
+
+#: The API key the test servers are started with.
+KEY = "test-key-123"
 
 
 def free_port() -> int:
@@ -12,6 +21,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def start_server(library: Path, model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """``kvgraft serve`` on a free port with `KEY`, once its ``/health`` answers: the process and its URL."""
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    port = free_port()
+    args = [sys.executable, "-m", "kvgraft_plugin.cli", "serve", "--library", str(library), "--model", str(model),
+            "--n-threads", "2", "--port", str(port), "--api-key-file", str(key_file), *extra]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("server did not come up")
 
 
 def logit_report(expected: np.ndarray, got: np.ndarray) -> str:

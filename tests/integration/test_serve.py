@@ -5,44 +5,20 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from kvgraft_plugin import GraftEngine, json_schema_grammar
-from tests.helpers import free_port
+from tests.helpers import KEY, start_server
 
-KEY = "test-key-123"
 QUESTION = "What is 17 times 23?"
-
-
-def start(library, gemma_path, tmp_path, *extra):
-    key_file = tmp_path / "api-key"
-    key_file.write_text(KEY + "\n")
-    port = free_port()
-    args = [sys.executable, "-m", "kvgraft_plugin.cli", "serve", "--library", str(library), "--model", str(gemma_path),
-            "--n-threads", "2", "--port", str(port), "--api-key-file", str(key_file), *extra]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError("server did not come up")
 
 
 @pytest.fixture(scope="module")
 def server(small_library, gemma_path, tmp_path_factory):
-    proc, url = start(small_library, gemma_path, tmp_path_factory.mktemp("serve"))
+    proc, url = start_server(small_library, gemma_path, tmp_path_factory.mktemp("serve"))
     yield url
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0  # a graceful shutdown: uvicorn drains, the engine closes
@@ -138,7 +114,7 @@ def test_a_load_of_200_requests_is_answered_or_refused_and_counted(small_library
     none is lost, and /metrics counts them all."""
     from concurrent.futures import ThreadPoolExecutor
 
-    proc, url = start(small_library, gemma_path, tmp_path, "--max-queue", "8", "--max-batch", "4")
+    proc, url = start_server(small_library, gemma_path, tmp_path, "--max-queue", "8", "--max-batch", "4")
     headers = {"Authorization": f"Bearer {KEY}"}
     questions = [QUESTION, "Name a colour.", "What is the greatest common divisor of 84 and 126?", "Say hi."]
 
@@ -250,7 +226,7 @@ def test_metrics_count_routes_and_restored_tokens(server):
 
 
 def test_full_queue_answers_503_and_a_disconnect_cancels(small_library, gemma_path, tmp_path):
-    proc, url = start(small_library, gemma_path, tmp_path, "--max-queue", "0", "--max-batch", "1")
+    proc, url = start_server(small_library, gemma_path, tmp_path, "--max-queue", "0", "--max-batch", "1")
     headers = {"Authorization": f"Bearer {KEY}"}
     long = {
         "model": "kvgraft",
@@ -281,7 +257,7 @@ def test_full_queue_answers_503_and_a_disconnect_cancels(small_library, gemma_pa
 
 
 def test_sigterm_lets_a_request_in_flight_finish(small_library, gemma_path, tmp_path):
-    proc, url = start(small_library, gemma_path, tmp_path)
+    proc, url = start_server(small_library, gemma_path, tmp_path)
     body = {"model": "kvgraft", "prompt": "Count from one to twenty:", "max_tokens": 60, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body,
                       timeout=60) as stream:  # fmt: skip

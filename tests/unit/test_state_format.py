@@ -18,13 +18,17 @@ from kvgraft_plugin.adapters.llama_state import SEQ_STATE_MAGIC, for_stream_cont
 FP = {"gguf_sha256": "ab" * 32, "type_k": "f16", "flash_attn": False}
 
 
-def make_payload(n_tokens=5, n_layer=2, row=8, sections=1, seq=0, v_trans=0):
-    """A structurally valid sequence-framed KV state, as llama_kv_cache::state_write lays it out."""
+def make_payload(n_tokens=5, n_layer=2, row=8, sections=1, seq=0, v_trans=0, ext=None):
+    """A structurally valid sequence-framed KV state, as llama_kv_cache::state_write lays it out; with
+    ``ext(pos)``, each cell carries its ``llama_kv_cell_ext`` (M-RoPE's x, y and the cell's token)."""
     out = struct.pack("<Ii", SEQ_STATE_MAGIC, 0)
     for _ in range(sections):
         out += struct.pack("<II", 1, n_tokens)
         for pos in range(n_tokens):
-            out += struct.pack("<iIi", pos, 1, seq)
+            out += struct.pack("<iI", pos, 1)
+            if ext is not None:
+                out += struct.pack("<iii", *ext(pos))
+            out += struct.pack("<i", seq)
         out += struct.pack("<II", v_trans, n_layer)
         for _ in range(n_layer):
             out += struct.pack("<iQ", 1, row) + bytes(row * n_tokens)
@@ -132,13 +136,79 @@ def test_atomic_write_and_read(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
 
 
-def make_recurrent(n_layer=2, pos=6, n_seq_id=0, r_row=12, s_row=32):
-    """A recurrent state as llama_memory_recurrent::state_write lays out sequence 0's: one cell."""
-    out = struct.pack("<Ii", SEQ_STATE_MAGIC, 0) + struct.pack("<IiI", 1, pos, n_seq_id) + b"\0" * 4 * n_seq_id
+def make_recurrent(n_layer=2, pos=6, n_seq_id=0, r_row=12, s_row=32, written=None, magic=True):
+    """A recurrent state as llama_memory_recurrent::state_write lays out sequence 0's: one cell; the R rows,
+    then the S rows, of the ``written`` recurrent layers of ``n_layer`` (all of them by default)."""
+    written = n_layer if written is None else written
+    out = struct.pack("<Ii", SEQ_STATE_MAGIC, 0) if magic else b""
+    out += struct.pack("<IiI", 1, pos, n_seq_id) + b"\0" * 4 * n_seq_id
     out += struct.pack("<II", 0, n_layer)
-    for row in [r_row] * n_layer + [s_row] * n_layer:
+    for row in [r_row] * written + [s_row] * written:
         out += struct.pack("<iQ", 0, row) + bytes(row)
     return bytearray(out)
+
+
+def make_hybrid(n_tokens=5, attention=1, n_layer=3, written=2, s_row=32, ext=None):
+    """A hybrid state (llama_memory_hybrid::state_write): the attention layers' KV, then the recurrent
+    layers' rows; ``n_layer`` counts every layer of the model."""
+    kv = make_payload(n_tokens=n_tokens, n_layer=attention, ext=ext)
+    return kv + make_recurrent(n_layer=n_layer, pos=n_tokens - 1, written=written, s_row=s_row, magic=False)
+
+
+HYBRID = StateLayout(1, recurrent=True)
+
+
+def test_inspect_walks_a_hybrid_state():
+    info = inspect_seq_state(make_hybrid(), HYBRID)
+    assert info.n_tokens == 5 and info.n_cells == (5,) and info.recurrent_types == (0,)
+    assert inspect_seq_state(make_hybrid(s_row=0), HYBRID).n_tokens == 5  # LFM2's conv layers keep no S rows
+    assert inspect_seq_state(make_hybrid(attention=2, n_layer=2, written=2), HYBRID).n_cells == (5,)  # Falcon-H1
+    assert HYBRID.describe() == "attention KV + recurrent state"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        make_hybrid()[:-1],
+        make_hybrid() + b"\0",
+        make_hybrid(attention=4, n_layer=3),  # more attention layers than the model has
+        make_hybrid(written=0),  # no recurrent rows
+        make_hybrid(written=4, n_layer=3),  # more recurrent layers than the model has
+        make_payload(),  # the KV alone
+        make_hybrid() + struct.pack("<iQ", 0, 32) + bytes(32),  # an odd number of rows
+    ],
+    ids=["truncated", "trailing", "attention-layers", "no-rows", "recurrent-layers", "kv-only", "odd-rows"],
+)
+def test_inspect_refuses_a_malformed_hybrid(payload):
+    with pytest.raises(IntegrityError):
+        inspect_seq_state(payload, HYBRID)
+
+
+def test_a_recurrent_model_writes_every_layer():
+    with pytest.raises(IntegrityError, match="rows for 3 layers"):
+        inspect_seq_state(make_recurrent(n_layer=3, written=2), StateLayout(0, recurrent=True))
+
+
+MROPE = StateLayout(1, cell_ext=True)
+
+
+def test_inspect_walks_m_rope_cells():
+    """An M-RoPE cell keeps its 2-D position and its token (-1 for an image embedding)."""
+    payload = make_payload(ext=lambda pos: (pos, pos, 10 + pos))
+    assert inspect_seq_state(payload, MROPE).n_tokens == 5
+    assert inspect_seq_state(make_payload(ext=lambda pos: (3, 1, -1)), MROPE).n_tokens == 5
+    assert inspect_seq_state(make_hybrid(ext=lambda pos: (pos, pos, 7)), StateLayout(1, True, True)).n_tokens == 5
+    assert MROPE.describe() == "attention KV with M-RoPE positions"
+    with pytest.raises(IntegrityError):  # the layouts are told apart: 12 bytes more per cell
+        inspect_seq_state(payload, StateLayout(1))
+    with pytest.raises(IntegrityError):
+        inspect_seq_state(make_payload(), MROPE)
+
+
+@pytest.mark.parametrize("ext", [lambda pos: (-1, 0, 5), lambda pos: (0, -2, 5), lambda pos: (0, 0, -2)])
+def test_inspect_refuses_bad_m_rope_cells(ext):
+    with pytest.raises(IntegrityError):
+        inspect_seq_state(make_payload(ext=ext), MROPE)
 
 
 def test_inspect_walks_a_recurrent_state_by_its_layout():
