@@ -462,8 +462,6 @@ class LlamaBackend:
         """
         self.reset()
         if self.n_seq > 1:
-            if self.layout.recurrent:
-                raise ConfigError("a recurrent state is restored in a context of one sequence only (max_batch=1)")
             payload = for_stream_context(payload, self.layout, self.n_seq)
         view = memoryview(payload)
         size = view.nbytes

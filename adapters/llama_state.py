@@ -150,11 +150,10 @@ def for_stream_context(payload: bytes | bytearray | memoryview, layout: StateLay
 
     ``llama_kv_cache::state_read`` wants a sequence's state to list every stream of the context, and writes
     each non-empty one into the stream of the sequence it is loaded into. So each KV section keeps its
-    cells and is followed by ``n_stream - 1`` empty streams. A recurrent state has no streams to frame.
+    cells and is followed by ``n_stream - 1`` empty streams. A recurrent section has no streams: it follows
+    as it is (``llama_memory_recurrent::state_read`` puts its cell in the sequence's own).
     """
     info = inspect_seq_state(payload, layout)
-    if layout.recurrent:
-        raise IntegrityError("a recurrent state has no KV streams to frame")
     view = memoryview(payload).cast("B")
     out = bytearray(view[: _SEQ_HEADER.size])
     empty = _U32.pack(0) * (n_stream - 1)
@@ -162,6 +161,7 @@ def for_stream_context(payload: bytes | bytearray | memoryview, layout: StateLay
         out += _U32.pack(n_stream)
         out += view[start + 4 : end]
         out += empty
+    out += view[info.kv_spans[-1][1] if info.kv_spans else _SEQ_HEADER.size :]
     return out
 
 

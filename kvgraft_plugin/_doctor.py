@@ -151,8 +151,6 @@ def _batch_row(engine: GraftEngine, n_seq: int) -> DoctorRow:
         note += (
             f"; {first.k} sequences together differ from each alone by up to {first.max_diff:.3g} (KL {first.kl:.2g})"
         )
-    if not report.rows:
-        note = "batched serving is not offered for this model (a recurrent state has no KV streams)"
     return DoctorRow(
         f"batched: {report.max_batch} of {n_seq} sequences together equal each alone", True, True, 0.0, note
     )

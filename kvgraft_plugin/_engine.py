@@ -521,13 +521,8 @@ def _template(config: EngineConfig, library: Library | None, fmt: AnswerFormat, 
 
 
 def _load_backend(model_path: Path, llama: LlamaConfig, n_seq: int = 1) -> Backend:
-    """llama.cpp, with a KV stream for each of ``n_seq`` sequences: imported here only, so that nothing else
-    in the engine needs the native library. A recurrent model gets one sequence (its state has no streams)."""
+    """llama.cpp, with a KV stream (and a recurrent state, in a recurrent or hybrid model) for each of
+    ``n_seq`` sequences: imported here only, so that nothing else in the engine needs the native library."""
     from .adapters.llama_cpp import LlamaBackend
 
-    backend = LlamaBackend(model_path, llama, n_seq=n_seq)
-    if n_seq > 1 and backend.layout.recurrent:
-        logger.warning("%s is a recurrent model: requests are served one at a time", model_path.name)
-        backend.close()
-        backend = LlamaBackend(model_path, llama)
-    return backend
+    return LlamaBackend(model_path, llama, n_seq=n_seq)

@@ -125,7 +125,7 @@ def measure_sequences(backend: Backend) -> InvarianceReport:
     another, each alone (as the scheduler admits them), then fed one token each per batch; every step's
     logits are compared with ``np.array_equal``. A row's ``k`` is n, its ``start`` the longest prompt."""
     n_seq = getattr(backend, "n_seq", 1)
-    if n_seq < 2 or backend.layout.recurrent:
+    if n_seq < 2:
         return InvarianceReport((), 1)
     backend = cast(BatchBackend, backend)
     text = backend.tokenize(_TEXT, add_bos=False)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from click.testing import CliRunner
 from openai import OpenAI
 
+from kvgraft_plugin import Entry, GraftEngine, build_library
 from kvgraft_plugin._doctor import MATRIX_SETTINGS
 from kvgraft_plugin._tiny_models import TINY_ARCHS, write_tiny_model
 from kvgraft_plugin.adapters.langchain import KVGraftLLM
@@ -66,3 +68,30 @@ def test_a_hybrid_library_grafts_as_text_rag_through_ask_langchain_and_serve(arc
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("arch", ["mamba", "lfm2", "qwen35"])
+def test_recurrent_and_hybrid_requests_batch_as_they_answer_alone(arch, tmp_path):
+    """llama.cpp keeps a recurrent state per sequence: a graft restored into any sequence of a batched
+    context, text RAG and plain answers decoded together equal the serial engine's, and the doctor's
+    measurement batches all four."""
+    model = write_tiny_model(tmp_path / f"{arch}.gguf", arch)
+    entries = [Entry(e["id"], e["problem"], e["solution"], e["answer"]) for e in ENTRIES]
+    with GraftEngine(None, model_path=str(model), **MATRIX_SETTINGS) as builder:  # type: ignore[arg-type]
+        build_library(tmp_path / "lib", entries, engine=builder)
+    requests = [(e.problem, mode) for e in entries for mode in ("auto", "text-rag")] + [("the a is", "plain")] * 2
+
+    def ask_all(engine: GraftEngine) -> list:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            return list(pool.map(lambda r: engine.ask(r[0], mode=r[1], max_tokens=TOKENS, stop=[]), requests))
+
+    with GraftEngine(tmp_path / "lib", model_path=str(model), **MATRIX_SETTINGS) as engine:  # type: ignore[arg-type]
+        serial = [engine.ask(q, mode=mode, max_tokens=TOKENS, stop=[]) for q, mode in requests]
+    settings = {**MATRIX_SETTINGS, "max_batch": 4}
+    with GraftEngine(tmp_path / "lib", model_path=str(model), **settings) as engine:  # type: ignore[arg-type]
+        assert engine.max_batch == 4
+        batched = ask_all(engine)
+        stats = engine.batch_stats
+    assert [r.route for r in serial] == ["graft", "text-rag"] * 2 + ["plain"] * 2
+    assert [(r.route, r.text, r.decode_tokens) for r in batched] == [(r.route, r.text, r.decode_tokens) for r in serial]
+    assert max(stats.steps) > 1  # sequences really were decoded together

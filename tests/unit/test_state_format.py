@@ -243,5 +243,16 @@ def test_a_state_is_framed_for_a_context_of_several_streams():
         offset += 12
     assert offset == len(framed)
     assert for_stream_context(payload, StateLayout(2), 1) == payload
-    with pytest.raises(IntegrityError):
-        for_stream_context(make_recurrent(), StateLayout(0, recurrent=True), 2)
+
+
+def test_a_recurrent_section_is_kept_as_it_is_for_a_context_of_several_sequences():
+    """A recurrent state has no streams (llama.cpp gives each sequence its own cell); a hybrid's KV is framed
+    and its recurrent rows follow unchanged."""
+    recurrent = make_recurrent()
+    assert for_stream_context(recurrent, StateLayout(0, recurrent=True), 4) == recurrent
+    hybrid = make_hybrid()
+    kv_end = inspect_seq_state(hybrid, HYBRID).kv_spans[-1][1]
+    framed = for_stream_context(hybrid, HYBRID, 4)
+    assert framed[8:12] == struct.pack("<I", 4) and framed.endswith(hybrid[kv_end:])
+    assert len(framed) == len(hybrid) + 3 * 4
+    assert inspect_seq_state(for_stream_context(hybrid, HYBRID, 1), HYBRID) == inspect_seq_state(hybrid, HYBRID)
