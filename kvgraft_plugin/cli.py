@@ -760,7 +760,7 @@ def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, op
     "--arch-matrix",
     is_flag=True,
     help="Instead, run the checks on a tiny random-weight model of each architecture (dense, sliding-window, "
-    "mixture-of-experts, recurrent).",
+    "mixture-of-experts, recurrent, hybrid, M-RoPE).",
 )
 @click.option(
     "--invariance",
@@ -847,11 +847,14 @@ def _arch_matrix(as_json: bool, threads: tuple[int, ...]) -> None:
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows]))
     else:
-        click.echo("| arch | layers | swa | recurrent | moe | exact | max_abs_diff | state B/token | note |")
-        click.echo("|---|---|---|---|---|---|---|---|---|")
+        click.echo(
+            "| arch | layers | swa | recurrent | hybrid | mrope | moe | exact | max_abs_diff | state B/token | note |"
+        )
+        click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
+            kinds = " | ".join(str(v) for v in (r.swa, r.recurrent, r.hybrid, r.mrope, r.moe))
             click.echo(
-                f"| {r.arch} | {r.layers} | {r.swa} | {r.recurrent} | {r.moe} | {r.exact} | {r.max_abs_diff:.4g} "
+                f"| {r.arch} | {r.layers} | {kinds} | {r.exact} | {r.max_abs_diff:.4g} "
                 f"| {r.state_bytes_per_token:.0f} | {r.note} |"
             )
         click.echo(f"\n{sum(r.exact for r in rows)}/{len(rows)} architectures exact")
