@@ -620,7 +620,7 @@ class ChainSampler:
             self._grammar = None
 
 
-#: RoPE types whose KV cells keep two more positions (llama_hparams::n_pos_per_embd > 1).
+#: RoPE types whose KV cells keep a llama_kv_cell_ext: x, y and the token (llama_hparams::n_pos_per_embd > 1).
 _MROPE_TYPES = (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
 
 
