@@ -76,9 +76,9 @@ lint: setup
 	.venv/bin/ruff check kvgraft_plugin adapters tests examples
 	.venv/bin/ruff format --check kvgraft_plugin adapters tests examples
 	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/kvgraft_plugin
-	ln -s $(CURDIR)/kvgraft_plugin/*.py $(MYPY_TREE)/kvgraft_plugin/
+	ln -s $(CURDIR)/kvgraft_plugin/*.py $(patsubst %/,$(CURDIR)/%,$(wildcard kvgraft_plugin/*/)) $(MYPY_TREE)/kvgraft_plugin/
+	rm -f $(MYPY_TREE)/kvgraft_plugin/__pycache__
 	ln -s $(CURDIR)/adapters $(MYPY_TREE)/kvgraft_plugin/adapters
-	ln -s $(CURDIR)/kvgraft_plugin/serve $(MYPY_TREE)/kvgraft_plugin/serve
 	cd $(MYPY_TREE) && $(CURDIR)/.venv/bin/mypy --config-file $(CURDIR)/pyproject.toml kvgraft_plugin
 
 clean:

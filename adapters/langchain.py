@@ -66,12 +66,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("the LangChain adapter needs langchain-core: pip install 'kvgraft-plugin[langchain]'") from exc
 
-from .._config import EngineConfig
-from .._engine import GraftEngine, GraftResult
-from .._exceptions import ConfigError
-from .._messages import split_chat
-from .._sampling import SAMPLING_FIELDS, json_grammar, json_schema_grammar
-from .._store import is_url
+from kvgraft_plugin.core.config import EngineConfig
+from kvgraft_plugin.core.exceptions import ConfigError
+from kvgraft_plugin.core.sampling import SAMPLING_FIELDS
+from kvgraft_plugin.engine.engine import GraftEngine, GraftResult
+from kvgraft_plugin.engine.grammar import json_grammar, json_schema_grammar
+from kvgraft_plugin.engine.messages import split_chat
+from kvgraft_plugin.library.store import is_url
 
 __all__ = ["ChatKVGraft", "KVGraftLLM", "KVGraftRetriever"]
 

@@ -23,11 +23,18 @@ from typing import Any, cast
 
 import numpy as np
 
-from .._config import KV_TYPE_BYTES, KV_TYPES, LlamaConfig
-from .._exceptions import BackendError, ConfigError, ContextOverflowError, IncompatibleStateError, IntegrityError
-from .._fingerprint import chunk_sizes
-from .._sampling import SamplingParams
-from .._state import StateLayout
+from kvgraft_plugin.core.config import KV_TYPE_BYTES, KV_TYPES, LlamaConfig
+from kvgraft_plugin.core.exceptions import (
+    BackendError,
+    ConfigError,
+    ContextOverflowError,
+    IncompatibleStateError,
+    IntegrityError,
+)
+from kvgraft_plugin.core.sampling import SamplingParams
+from kvgraft_plugin.core.statefile import StateLayout
+from kvgraft_plugin.library.fingerprint import chunk_sizes
+
 from .llama_state import (
     _SEQ_HEADER,
     _U32,
@@ -37,12 +44,6 @@ from .llama_state import (
     for_stream_context,
     inspect_seq_state,
 )
-
-# ggml's tiled K-quant matmul (CPU backend, batches of 8 or more rows; read once per process, at the first
-# matmul) sums in another order than the one-row kernel: on Gemma 3 Q4_K_M a batch of 8 tokens then gave
-# logits up to 4.4 away from 8 one-token steps, so lookup decoding could verify at most 7 tokens. Off it,
-# batches of 16 were bitwise equal, at ~6% of prefill speed. A user's own GGML_CPU_TILED_MM is kept.
-os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
 try:
     import llama_cpp
@@ -101,9 +102,18 @@ _initialized = False
 
 
 def _init_llama_backend() -> None:
+    """llama.cpp's backend, initialised once, when the first model of this process is opened (not at import).
+
+    ggml's tiled K-quant matmul (CPU backend, batches of 8 or more rows; read once per process, at the first
+    matmul) sums in another order than the one-row kernel: on Gemma 3 Q4_K_M a batch of 8 tokens then gave
+    logits up to 4.4 away from 8 one-token steps, so lookup decoding could verify at most 7 tokens. Off it,
+    batches of 16 were bitwise equal, at ~6% of prefill speed. So it is switched off here, before any model
+    runs, unless the user set ``GGML_CPU_TILED_MM``; the fingerprint records which (`tiled_matmul`).
+    """
     global _initialized
     with _init_lock:
         if not _initialized:
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
             llama_cpp.llama_log_set(_log_to_logging, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -255,7 +265,8 @@ class LlamaBackend:
         return "cpu"
 
     def runtime_facts(self) -> dict[str, Any]:
-        """What this runtime is that changes the bits of a state (`kvgraft_plugin._fingerprint.RUNTIME_FACTS`)."""
+        """What this runtime is that changes the bits of a state
+        (`kvgraft_plugin.library.fingerprint.RUNTIME_FACTS`)."""
         return {
             "llama_cpp_python": llama_cpp_version(),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),

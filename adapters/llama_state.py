@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .._exceptions import IntegrityError
-from .._state import StateLayout
+from kvgraft_plugin.core.exceptions import IntegrityError
+from kvgraft_plugin.core.statefile import StateLayout
 
 __all__ = ["PINNED_VERSION", "SEQ_STATE_MAGIC", "SeqStateInfo", "for_stream_context", "inspect_seq_state"]
 

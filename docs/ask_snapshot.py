@@ -20,6 +20,7 @@ RUNS = (("auto", "step"), ("auto", "lookup"), ("text-rag", "step"), ("graft", "s
 
 
 def main(library: str, out: str) -> None:
+    """Write every run's answers to ``out``, building ``library`` first if it is missing."""
     kvgraft = str(Path(sys.executable).with_name("kvgraft"))
     if not (Path(library) / "manifest.json").is_file():
         subprocess.run([kvgraft, "build", str(EXAMPLES / "library.jsonl"), "--library", library], check=True)

@@ -9,8 +9,8 @@ embedded with the library's embedder (MiniLM) into a flat faiss index, the simil
 - `profile`: the default guards, then the judge as a veto at `VETO_THRESHOLD` (``profile="math"``).
 
 The judge's margins are computed once per (entry, question), down to the lowest threshold asked (its views stop
-at the first margin below it), with the rewording score of a small edit (`kvgraft_plugin._rewording`) and the
-reading of numbers written in words (`kvgraft_plugin._numerals`), and saved (``--margins``), so that
+at the first margin below it), with the rewording score of a small edit (`kvgraft_plugin.routing.rewording`) and the
+reading of numbers written in words (`kvgraft_plugin.routing.numerals`), and saved (``--margins``), so that
 thresholds at or above that floor can be compared offline (``--thresholds``); the decisions printed are the
 real `Router`'s.
 
@@ -41,11 +41,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from kvgraft_plugin import Embedder, VectorIndex, read_source  # noqa: E402
-from kvgraft_plugin._aliases import DeferredJudge  # noqa: E402
-from kvgraft_plugin._index import geometry_threshold  # noqa: E402
-from kvgraft_plugin._judge import SMALL_EDIT, VETO_THRESHOLD, JudgeVerdict, pair_bar  # noqa: E402
-from kvgraft_plugin._numerals import written_numbers  # noqa: E402
-from kvgraft_plugin._router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
+from kvgraft_plugin.library.aliases import DeferredJudge  # noqa: E402
+from kvgraft_plugin.library.index import geometry_threshold  # noqa: E402
+from kvgraft_plugin.routing.judge import SMALL_EDIT, VETO_THRESHOLD, JudgeVerdict, pair_bar  # noqa: E402
+from kvgraft_plugin.routing.numerals import written_numbers  # noqa: E402
+from kvgraft_plugin.routing.router import DEFAULT_GUARDS, JUDGED_GUARDS, Match, Router  # noqa: E402
 
 MODES = ("words", "judge", "profile")
 WITHOUT: set[str] = set()  # word guards left out (--without), for an ablation
@@ -328,7 +328,7 @@ def main() -> None:
         margins = json.loads(args.margins.read_text())
     judge = None
     if args.judge is not None:
-        from kvgraft_plugin._judge import open_judge
+        from kvgraft_plugin.routing.judge import open_judge
 
         judge = open_judge(args.judge)
     thresholds = [float(t) for t in args.thresholds.split(",")]

@@ -22,9 +22,9 @@ from langchain_core.prompts import PromptTemplate
 from langchain_huggingface import HuggingFaceEmbeddings
 
 from kvgraft_plugin import Library
-from kvgraft_plugin._models import bundled_embedder_path
-from kvgraft_plugin._template import render_entry, render_preamble, render_query
 from kvgraft_plugin.adapters.langchain import ChatKVGraft
+from kvgraft_plugin.core.models import bundled_embedder_path
+from kvgraft_plugin.library.template import render_entry, render_preamble, render_query
 
 library_dir = sys.argv[1] if len(sys.argv) > 1 else str(Path.home() / ".cache" / "kvgraft" / "demo-library")
 library = Library.open(library_dir)

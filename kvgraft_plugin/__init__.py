@@ -5,11 +5,8 @@ the closest entry, restores its cache bit for bit, prefills only the query and d
 identical to text RAG with the same entry, at a fraction of the time to first token.
 """
 
-from ._aliases import Alias
-from ._build import BuildReport, build_library
-from ._config import EngineConfig, LlamaConfig
-from ._engine import GraftChunk, GraftEngine, GraftResult
-from ._exceptions import (
+from kvgraft_plugin.core.config import EngineConfig, LlamaConfig
+from kvgraft_plugin.core.exceptions import (
     BackendError,
     ConfigError,
     ContextOverflowError,
@@ -30,10 +27,14 @@ from ._exceptions import (
     StateError,
     StorageError,
 )
-from ._index import Embedder, Hit, VectorIndex
-from ._library import BaseStateCache, EntryRecord, Library, RamStateCache, read_source
-from ._sampling import SamplingParams, json_schema_grammar
-from ._template import TEMPLATE_VERSION, Entry
+from kvgraft_plugin.core.sampling import SamplingParams
+from kvgraft_plugin.curation.build import BuildReport, build_library
+from kvgraft_plugin.engine.engine import GraftChunk, GraftEngine, GraftResult
+from kvgraft_plugin.engine.grammar import json_schema_grammar
+from kvgraft_plugin.library.aliases import Alias
+from kvgraft_plugin.library.index import Embedder, Hit, VectorIndex
+from kvgraft_plugin.library.library import BaseStateCache, EntryRecord, Library, RamStateCache, read_source
+from kvgraft_plugin.library.template import TEMPLATE_VERSION, Entry
 
 __version__ = "0.1.0"
 

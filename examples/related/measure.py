@@ -20,8 +20,8 @@ import statistics
 from pathlib import Path
 
 from kvgraft_plugin import GraftEngine
-from kvgraft_plugin._checks import final_number, same_value
-from kvgraft_plugin._library import read_queries
+from kvgraft_plugin.curation.answer_checks import final_number, same_value
+from kvgraft_plugin.library.library import read_queries
 
 HERE = Path(__file__).resolve().parent
 

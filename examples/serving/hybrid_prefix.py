@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from kvgraft_plugin import Entry, GraftEngine, build_library
-from kvgraft_plugin._tiny_models import write_tiny_model
+from kvgraft_plugin.tools.tiny_models import write_tiny_model
 
 SETTINGS = {"n_ctx": 4096, "n_threads": 2}
 SENTENCE = "The pump moves 12 litres a minute into the tank, and the valve lets 5 litres a minute out. "

@@ -1,7 +1,7 @@
 """``kvgraft serve``: an OpenAI-compatible HTTP API over one `GraftEngine`.
 
 Requests run on the engine's worker: up to the engine's ``max_batch`` decoded together (each answer bitwise
-the one it gets alone, `kvgraft_plugin._scheduler`), one at a time with 1. At most ``max_queue`` wait
+the one it gets alone, `kvgraft_plugin.engine.scheduler`), one at a time with 1. At most ``max_queue`` wait
 behind the running ones, and the next gets a 503. A client that disconnects, streaming or not, cancels its
 request: at its next token, or before it is routed or prefilled while it still waits. Every answer carries a
 ``kvgraft`` object (route, entry, score, fallback reason, restored tokens, TTFT) and OpenAI ``usage`` with
@@ -41,10 +41,17 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._engine import GraftChunk, GraftEngine, GraftResult
-from .._exceptions import ContextOverflowError, EngineClosedError, KVGraftError, QueryError, RequestCancelledError
-from .._messages import split_chat
-from .._models import model_name_of
+from kvgraft_plugin.core.exceptions import (
+    ContextOverflowError,
+    EngineClosedError,
+    KVGraftError,
+    QueryError,
+    RequestCancelledError,
+)
+from kvgraft_plugin.core.models import model_name_of
+from kvgraft_plugin.engine.engine import GraftChunk, GraftEngine, GraftResult
+from kvgraft_plugin.engine.messages import split_chat
+
 from .schemas import ChatRequest, CompletionRequest, error_body, kvgraft_object, usage
 
 __all__ = ["MODEL_ID", "create_app", "http_protocol"]

@@ -23,7 +23,8 @@ class _Replica:
     """One engine and its app. Ray builds it in the replica's process (``__serve_build_asgi_app__``)."""
 
     def __init__(self, library: str | None, settings: Mapping[str, Any], api_key: str | None, max_queue: int) -> None:
-        from .._engine import GraftEngine
+        from kvgraft_plugin.engine.engine import GraftEngine
+
         from .app import create_app
 
         self.engine = GraftEngine(library, **settings)

@@ -16,9 +16,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from .._engine import GraftResult
-from .._exceptions import ConfigError
-from .._sampling import SamplingParams, json_grammar, json_schema_grammar
+from kvgraft_plugin.core.exceptions import ConfigError
+from kvgraft_plugin.core.sampling import SamplingParams
+from kvgraft_plugin.engine.engine import GraftResult
+from kvgraft_plugin.engine.grammar import json_grammar, json_schema_grammar
 
 __all__ = ["ChatRequest", "CompletionRequest", "Message", "error_body", "kvgraft_object", "usage"]
 

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvgraft_plugin import ConfigError, Entry, GraftEngine, build_library
-from kvgraft_plugin._doctor import MATRIX_SETTINGS
-from kvgraft_plugin._state import StateLayout
-from kvgraft_plugin._tiny_models import TINY_ARCHS, write_tiny_model
 from kvgraft_plugin.adapters.llama_cpp import inspect_seq_state
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.core.statefile import StateLayout
+from kvgraft_plugin.tools.doctor import MATRIX_SETTINGS
+from kvgraft_plugin.tools.tiny_models import TINY_ARCHS, write_tiny_model
 
 ROW_KEYS = {"arch", "layers", "swa", "recurrent", "hybrid", "mrope", "moe", "exact", "max_abs_diff",
             "state_bytes_per_token", "note"}  # fmt: skip

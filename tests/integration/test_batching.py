@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kvgraft_plugin import ConfigError, GraftEngine
-from kvgraft_plugin._invariance import measure_sequences
+from kvgraft_plugin.engine.batch_invariance import measure_sequences
 from tests.conftest import THREADS
 
 #: (question, route forced or None for auto): grafts, a text-RAG answer, plain ones, one left uncovered.

@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvgraft_plugin import SamplingParams
-from kvgraft_plugin._bench import run_bench
-from kvgraft_plugin._build import build_library
-from kvgraft_plugin._curate import curate
-from kvgraft_plugin._library import read_source
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.curation.build import build_library
+from kvgraft_plugin.curation.curate import curate
+from kvgraft_plugin.library.library import read_source
+from kvgraft_plugin.tools.bench import run_bench
 
 ROW_KEYS = {
     "id",
@@ -146,7 +146,7 @@ def test_curate_keeps_only_verified_solutions_and_builds(gemma, tmp_path):
         {"id": "hard", "problem": "What is 987654 times 123457?", "answer": "121932222678"},
     ]
     out = tmp_path / "curated.jsonl"
-    from kvgraft_plugin._checks import default_check
+    from kvgraft_plugin.curation.answer_checks import default_check
 
     reports = curate(gemma, problems, out, attempts=2, sampling=SamplingParams(), checker=default_check)
     by_id = {r.id: r for r in reports}

@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kvgraft_plugin._router import DEFAULT_GUARDS
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.routing.router import DEFAULT_GUARDS
 
 JSON_KEYS = {
     "text",

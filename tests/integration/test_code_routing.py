@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft_plugin._index import Embedder, VectorIndex, geometry_threshold
-from kvgraft_plugin._library import read_source
-from kvgraft_plugin._router import DEFAULT_GUARDS, Match, Router
+from kvgraft_plugin.library.index import Embedder, VectorIndex, geometry_threshold
+from kvgraft_plugin.library.library import read_source
+from kvgraft_plugin.routing.router import DEFAULT_GUARDS, Match, Router
 
 CODE = Path(__file__).resolve().parents[2] / "examples" / "code"
 

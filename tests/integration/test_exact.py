@@ -102,7 +102,7 @@ def test_state_holds_every_cell(gemma, streams):
 def test_window_sized_swa_cache_is_caught_as_inexact(gemma_path, streams):
     """Without swa_full the SWA cache wraps past ~1024 cells; the build-time check flags it."""
     from kvgraft_plugin import Entry, GraftEngine
-    from kvgraft_plugin._build import capture_entry
+    from kvgraft_plugin.curation.build import capture_entry
 
     long_text = " ".join(f"Step {k}: add {k} squared, which is {k * k}." for k in range(1, 400))
     entry = Entry("long", "What is the sum of squares?", " ".join(long_text.split()[:840]))

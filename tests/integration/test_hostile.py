@@ -277,7 +277,7 @@ def test_random_damage_is_always_handled(built, gemma_path, tmp_path_factory):
     from hypothesis import strategies as st
 
     from kvgraft_plugin import KVGraftError
-    from kvgraft_plugin._library import source_sha256
+    from kvgraft_plugin.library.library import source_sha256
 
     @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(
@@ -328,7 +328,7 @@ def test_library_files_follow_the_umask(built):
 
 
 def test_an_unknown_entry_and_an_empty_question_fail_before_the_model_loads(built, monkeypatch):
-    import kvgraft_plugin._engine as engine_module
+    import kvgraft_plugin.engine.engine as engine_module
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from openai import OpenAI
 
 from kvgraft_plugin import Entry, GraftEngine, build_library
-from kvgraft_plugin._doctor import MATRIX_SETTINGS
-from kvgraft_plugin._tiny_models import TINY_ARCHS, write_tiny_model
 from kvgraft_plugin.adapters.langchain import KVGraftLLM
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.tools.doctor import MATRIX_SETTINGS
+from kvgraft_plugin.tools.tiny_models import TINY_ARCHS, write_tiny_model
 from tests.helpers import KEY, start_server
 
 ENTRIES = [

@@ -13,8 +13,8 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import BaseModel, Field
 
 from kvgraft_plugin import ConfigError, EngineClosedError, GraftEngine, KVGraftError, NoMatchError
-from kvgraft_plugin._template import render_query
 from kvgraft_plugin.adapters.langchain import ChatKVGraft, KVGraftLLM, KVGraftRetriever
+from kvgraft_plugin.library.template import render_query
 
 LIB: dict[str, str] = {}
 
@@ -97,7 +97,7 @@ def test_a_library_with_pinned_settings_grafts_through_langchain(tmp_path_factor
     """The engine adopts the library's pinned llama settings that an instance leaves unset: a library built
     with n_batch=n_ubatch=256 grafts (given a config of defaults, the engine used n_batch=512 and fell back to text
     RAG, "incompatible", on every call)."""
-    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin.curation.build import build_library
 
     path = tmp_path_factory.mktemp("pinned") / "library"
     with GraftEngine(None, model_path=str(gemma_path), n_threads=2, n_batch=256, n_ubatch=256) as builder:

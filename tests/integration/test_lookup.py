@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvgraft_plugin import GraftEngine, SamplingParams, read_source
-from kvgraft_plugin._build import build_library
+from kvgraft_plugin.curation.build import build_library
 
 #: What the Makefile's build (no llamafile, no repacked weights, no tiled K-quant matmul) proves on both models.
 CLAIMED_BATCH = 16
@@ -99,7 +99,7 @@ def test_a_served_model_that_cannot_judge_is_not_its_own_judge(model, library, r
     # Gemma 270M is a base model (no chat template): never asked. SmolLM2-135M-Instruct is asked the judge
     # check and lets a near-miss through: routing keeps the word guards, and says why in the log.
     path = request.getfixturevalue(model)
-    with caplog.at_level("INFO", logger="kvgraft_plugin._routing"):
+    with caplog.at_level("INFO", logger="kvgraft_plugin.routing.library_routing"):
         with GraftEngine(request.getfixturevalue(library), model_path=str(path), n_threads=2) as engine:
             assert engine.routing.judge(engine.config) is None
             result = engine.ask("What is 17 times 23?", max_tokens=4)

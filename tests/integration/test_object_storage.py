@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, build_library
-from kvgraft_plugin._build import encode_entry
-from kvgraft_plugin._doctor import MATRIX_SETTINGS
-from kvgraft_plugin._library import Library
-from kvgraft_plugin._tiny_models import write_tiny_model
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.curation.build import encode_entry
+from kvgraft_plugin.library.library import Library
+from kvgraft_plugin.tools.doctor import MATRIX_SETTINGS
+from kvgraft_plugin.tools.tiny_models import write_tiny_model
 from tests.helpers import free_port
 
 ENTRIES = [
@@ -136,7 +136,7 @@ def test_a_build_killed_midway_leaves_a_consistent_library_and_resumes(s3, tiny,
         built.append(args[1].id)
         return encode_entry(*args, **kwargs)
 
-    monkeypatch.setattr("kvgraft_plugin._build.encode_entry", dies_on_the_third)
+    monkeypatch.setattr("kvgraft_plugin.curation.build.encode_entry", dies_on_the_third)
     engine = GraftEngine(None, **tiny)
     with pytest.raises(KeyboardInterrupt):
         build_library(url, entries, engine=engine, cache_dir=tmp_path / "c1")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvgraft_plugin import GraftEngine
-from kvgraft_plugin._fingerprint import MUST_MATCH, chunk_sizes
+from kvgraft_plugin.library.fingerprint import MUST_MATCH, chunk_sizes
 from tests.helpers import assert_bitwise
 
 
@@ -78,7 +78,7 @@ def test_an_engine_takes_the_library_s_pinned_settings_and_reports_an_override(s
 
 
 def test_an_engine_adopts_a_library_built_with_other_pinned_settings(example_entries, gemma_path, tmp_path):
-    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin.curation.build import build_library
 
     entries = [e for e in example_entries if e.id == "mul-17x23"]
     with GraftEngine(None, model_path=str(gemma_path), n_threads=2, n_batch=256, n_ubatch=256) as builder:

@@ -16,8 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvgraft_plugin import Entry, GraftEngine, Library, ModelError
-from kvgraft_plugin._checks import library_tests_checker
-from kvgraft_plugin._judge import (
+from kvgraft_plugin.cli import main
+from kvgraft_plugin.core.models import CATALOGUE, file_sha256, pull, resolve_model
+from kvgraft_plugin.core.paths import cache_root
+from kvgraft_plugin.curation.answer_checks import library_tests_checker
+from kvgraft_plugin.routing.judge import (
     CLOSE_MARGIN,
     DEFAULT_THRESHOLD,
     JUDGE_PROMPT,
@@ -26,12 +29,9 @@ from kvgraft_plugin._judge import (
     VIEWS,
     open_judge,
 )
-from kvgraft_plugin._judge_check import check_judge
-from kvgraft_plugin._models import CATALOGUE, file_sha256, pull, resolve_model
-from kvgraft_plugin._paths import cache_root
-from kvgraft_plugin._rewording import REWORDING_THRESHOLD
-from kvgraft_plugin._router import Candidate, judged_swap_guard, swap_guard
-from kvgraft_plugin.cli import main
+from kvgraft_plugin.routing.judge_exam import check_judge
+from kvgraft_plugin.routing.rewording import REWORDING_THRESHOLD
+from kvgraft_plugin.routing.router import Candidate, judged_swap_guard, swap_guard
 
 NAME = "qwen2.5-coder-1.5b-instruct"
 SPEC = CATALOGUE[NAME]

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvgraft_plugin import GraftEngine
-from kvgraft_plugin._library import Library
-from kvgraft_plugin._tiny_models import write_tiny_model
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.library.library import Library
+from kvgraft_plugin.tools.tiny_models import write_tiny_model
 from tests.helpers import free_port
 from tests.integration.test_object_storage import ENTRIES
 from tests.integration.test_serve import KEY

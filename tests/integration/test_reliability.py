@@ -265,7 +265,7 @@ def test_verify_reports_and_repairs(small_library, tmp_path):
 
 @pytest.mark.parametrize("damage", ["missing", "corrupt"])
 def test_broken_index_fails_clearly_and_build_rebuilds_it(small_library, gemma, tmp_path, damage):
-    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin.curation.build import build_library
 
     lib = _copy(small_library, tmp_path)
     index_file = lib / _manifest(lib)["index"]["file"]
@@ -329,7 +329,7 @@ def test_kill_9_during_build_leaves_a_usable_library(example_entries, gemma_path
 
 
 def test_a_second_concurrent_build_is_refused(small_library, gemma, example_entries, tmp_path):
-    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin.curation.build import build_library
 
     lib = _copy(small_library, tmp_path)
     with Library.open(lib).lock():

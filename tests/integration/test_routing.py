@@ -15,7 +15,7 @@ from kvgraft_plugin import (
     NoMatchError,
     QueryError,
 )
-from kvgraft_plugin._build import build_library
+from kvgraft_plugin.curation.build import build_library
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def test_calibrate_stores_a_threshold_and_says_to_sign_again(small_library, tmp_
 def test_geometry_threshold():
     import numpy as np
 
-    from kvgraft_plugin._index import SINGLE_ENTRY_THRESHOLD, VectorIndex, geometry_threshold
+    from kvgraft_plugin.library.index import SINGLE_ENTRY_THRESHOLD, VectorIndex, geometry_threshold
 
     index = VectorIndex(2)
     index.add(["a"], np.array([[1.0, 0.0]], dtype=np.float32))

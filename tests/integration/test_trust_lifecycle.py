@@ -67,7 +67,7 @@ def test_a_failed_constructor_leaks_no_worker(small_library, gemma_path, monkeyp
     def broken_warm_up(self):
         raise RuntimeError("warm-up failed")
 
-    from kvgraft_plugin._routing import LibraryRouting
+    from kvgraft_plugin.routing.library_routing import LibraryRouting
 
     monkeypatch.setattr(LibraryRouting, "warm_up", broken_warm_up)
     before = {t for t in threading.enumerate() if t.name.startswith("kvgraft")}
@@ -79,10 +79,10 @@ def test_a_failed_constructor_leaks_no_worker(small_library, gemma_path, monkeyp
 
 def test_tools_call_the_backend_on_the_worker_thread_only(example_entries, gemma_path, tmp_path):
     """build, verify, calibrate and bench-graft go through the engine's public API, which runs on its worker."""
-    from kvgraft_plugin._bench_graft import exactness_sweep
-    from kvgraft_plugin._build import build_library
-    from kvgraft_plugin._calibrate import calibrate
-    from kvgraft_plugin._verify import verify_library
+    from kvgraft_plugin.curation.build import build_library
+    from kvgraft_plugin.curation.verify import verify_library
+    from kvgraft_plugin.tools.bench_graft import exactness_sweep
+    from kvgraft_plugin.tools.calibrate import calibrate
 
     entries = [e for e in example_entries if e.id in ("mul-17x23", "gcd-84-126")]
     threads: set[str] = set()

@@ -15,14 +15,16 @@ from click.testing import CliRunner
 from test_engine_fake import ScriptedBackend
 from test_fallbacks_fake import ENTRIES, BagOfWords
 
-from kvgraft_plugin import GraftEngine, Library, _routing
-from kvgraft_plugin._aliases import Alias, DeferredJudge, alias_key, parse_aliases
-from kvgraft_plugin._build import build_library
-from kvgraft_plugin._exceptions import BackendError, ConfigError
-from kvgraft_plugin._judge import JudgeVerdict
-from kvgraft_plugin._judge_check import CHECK_PAIRS, JudgeCheck
-from kvgraft_plugin._worker import Worker
+from kvgraft_plugin import GraftEngine, Library
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.core.exceptions import BackendError, ConfigError
+from kvgraft_plugin.curation.build import build_library
+from kvgraft_plugin.engine.worker import Worker
+from kvgraft_plugin.library.aliases import Alias, alias_key, parse_aliases
+from kvgraft_plugin.routing import library_routing
+from kvgraft_plugin.routing.deferred_judge import DeferredJudge
+from kvgraft_plugin.routing.judge import JudgeVerdict
+from kvgraft_plugin.routing.judge_exam import CHECK_PAIRS, JudgeCheck
 
 DEFERRED = "the judge's verdict is deferred: judged when the engine is idle (an approval becomes an alias)"
 
@@ -72,8 +74,8 @@ def served(tmp_path, monkeypatch):
 
     def open_engine(library, judge: FakeJudge | None = None, **settings) -> GraftEngine:
         if judge is not None:  # the judge model, as `open_judge` would load it, and its check (passed unless set)
-            monkeypatch.setattr(_routing, "open_judge", lambda model, **_: judge)
-            monkeypatch.setattr(_routing, "check_judge", lambda judge, threshold, folder: judge.check(threshold))
+            monkeypatch.setattr(library_routing, "open_judge", lambda model, **_: judge)
+            monkeypatch.setattr(library_routing, "check_judge", lambda judge, threshold, folder: judge.check(threshold))
         engine = GraftEngine(
             library, backend=ScriptedBackend(model, b"391."), embedder=BagOfWords(), n_threads=1, decode="step",
             **{"threshold": 0.1, **({"judge_model": judge.model_id, "judge_threshold": 1.0} if judge else {}),
@@ -346,7 +348,7 @@ def test_revoking_an_unknown_entry_is_an_error(served):
 
 def test_a_running_engine_sees_a_revocation_without_a_restart(served, monkeypatch):
     lib, open_engine = _approved(served)
-    monkeypatch.setattr(_routing, "REFRESH_SECONDS", 0.0)
+    monkeypatch.setattr(library_routing, "REFRESH_SECONDS", 0.0)
     serving = open_engine(lib, judge_model="off")
     assert serving.ask(PARAPHRASE, max_tokens=4, stop=[]).route == "graft"
     Library.open(lib).revoke_aliases([alias_key(PARAPHRASE)])  # another process: `kvgraft aliases --revoke`
@@ -382,7 +384,7 @@ def test_a_recorded_judge_that_cannot_be_opened_routes_without_a_judge(served, m
     def corrupt(model, **_):
         raise BackendError("failed to load model from corrupt.gguf")
 
-    monkeypatch.setattr(_routing, "open_judge", corrupt)
+    monkeypatch.setattr(library_routing, "open_judge", corrupt)
     engine = open_engine(lib)
     for question in (PARAPHRASE, ENTRIES[0].problem.lower()):  # refused by the word guards; passed by them
         answer = engine.ask(question, max_tokens=4, stop=[])
@@ -398,7 +400,7 @@ def test_a_served_model_that_cannot_judge_routes_without_a_judge(served, monkeyp
     def failing(model, **_):
         raise BackendError("cannot allocate the judge's context")
 
-    monkeypatch.setattr(_routing, "open_judge", failing)
+    monkeypatch.setattr(library_routing, "open_judge", failing)
     engine = open_engine(lib)
     engine.routing.served = Path(engine.backend.model_path)  # as for an instruct model with a chat template
     answer = engine.ask(PARAPHRASE, max_tokens=4, stop=[])  # before: the BackendError failed the request
@@ -419,7 +421,7 @@ def test_per_request_judge_settings_are_bounded(served):
 def test_distinct_per_request_thresholds_keep_a_bounded_number_of_routers_and_deferred_judges(served):
     lib, open_engine = served
     engine = open_engine(lib, FakeJudge({PARAPHRASE: 3.0}), judge_mode="async")
-    for i in range(_routing.MAX_ROUTERS + 8):  # each a setting of its own, as a client may send
+    for i in range(library_routing.MAX_ROUTERS + 8):  # each a setting of its own, as a client may send
         routing = {"threshold": 0.1 + i / 1000, "judge_threshold": 1.0 + i / 1000}
         engine.ask(PARAPHRASE, max_tokens=2, stop=[], routing=routing)
-    assert len(engine.routing._routers) == len(engine.routing._deferred) == _routing.MAX_ROUTERS
+    assert len(engine.routing._routers) == len(engine.routing._deferred) == library_routing.MAX_ROUTERS

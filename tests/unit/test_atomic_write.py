@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from kvgraft_plugin._state import atomic_write
+from kvgraft_plugin.core.statefile import atomic_write
 
 
 @pytest.mark.skipif(os.name != "posix", reason="modes are POSIX")

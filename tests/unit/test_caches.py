@@ -12,8 +12,9 @@ import stat
 
 import pytest
 
-from kvgraft_plugin import _models as models
-from kvgraft_plugin._invariance import (
+from kvgraft_plugin.core import models
+from kvgraft_plugin.core.statefile import encode_state
+from kvgraft_plugin.engine.batch_invariance import (
     MAX_BATCH,
     InvarianceReport,
     InvarianceRow,
@@ -22,8 +23,7 @@ from kvgraft_plugin._invariance import (
     recall,
     remember,
 )
-from kvgraft_plugin._judge_starts import JudgeStarts
-from kvgraft_plugin._state import encode_state
+from kvgraft_plugin.routing.judge_cache import JudgeStarts
 
 FINGERPRINT = {"gguf_sha256": "a"}
 TOKENS = [1, 2, 3]

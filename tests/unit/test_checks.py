@@ -1,7 +1,13 @@
 import pytest
 
 from kvgraft_plugin import Entry
-from kvgraft_plugin._checks import answers_match, default_check, entry_problems, extract_answer, load_checker
+from kvgraft_plugin.curation.answer_checks import (
+    answers_match,
+    default_check,
+    entry_problems,
+    extract_answer,
+    load_checker,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +50,7 @@ def test_entry_verification():
 
 def test_load_checker():
     assert load_checker(None) is default_check
-    assert load_checker("kvgraft_plugin._checks:default_check") is default_check
+    assert load_checker("kvgraft_plugin.curation.answer_checks:default_check") is default_check
     with pytest.raises(ValueError):
         load_checker("nonsense")
 
@@ -55,8 +61,8 @@ def test_a_positive_answer_is_not_found_in_a_negative_one():
 
 
 def test_code_is_checked_by_running_its_tests():
-    from kvgraft_plugin._checks import code_program, run_tests, tests_checker
-    from kvgraft_plugin._template import Entry
+    from kvgraft_plugin.curation.answer_checks import code_program, run_tests, tests_checker
+    from kvgraft_plugin.library.template import Entry
 
     prompt = 'def double(x):\n    """Twice x."""'
     tests = "assert double(2) == 4"
@@ -103,14 +109,14 @@ print(run_length_encode("aaab"))
     ],
 )
 def test_extract_code(text, name, expected_start):
-    from kvgraft_plugin._checks import extract_code
+    from kvgraft_plugin.curation.answer_checks import extract_code
 
     code = extract_code(text, name)
     assert code.startswith(expected_start) and "```" not in code and "That is all" not in code
 
 
 def test_tests_checker_reads_an_instruct_models_fenced_answer():
-    from kvgraft_plugin._checks import tests_checker
+    from kvgraft_plugin.curation.answer_checks import tests_checker
 
     problem = 'def run_length_encode(text):\n    """Encode runs."""'
     check = tests_checker(lambda q: (problem, "assert run_length_encode('aaab') == 'a3b1'"))
@@ -119,7 +125,7 @@ def test_tests_checker_reads_an_instruct_models_fenced_answer():
 
 
 def test_a_body_that_starts_with_an_import_continues_its_prompt():
-    from kvgraft_plugin._checks import code_program, run_tests
+    from kvgraft_plugin.curation.answer_checks import code_program, run_tests
 
     prompt = 'def today_iso():\n    """The date 2024-01-01 as ISO text."""'
     body = "    import datetime\n    return datetime.date(2024, 1, 1).isoformat()"

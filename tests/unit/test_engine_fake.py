@@ -21,8 +21,8 @@ from kvgraft_plugin import (
     NoMatchError,
     SamplingParams,
 )
-from kvgraft_plugin._exceptions import IntegrityError
-from kvgraft_plugin._state import StateLayout
+from kvgraft_plugin.core.exceptions import IntegrityError
+from kvgraft_plugin.core.statefile import StateLayout
 
 EOG, BOS = 256, 257
 
@@ -254,9 +254,9 @@ def test_solution_format_keeps_indentation_and_stops_at_the_marker(make):
 
 
 def test_curate_keeps_code_that_passes_its_tests(make, tmp_path):
-    from kvgraft_plugin._checks import load_checker
-    from kvgraft_plugin._curate import curate
-    from kvgraft_plugin._library import read_source
+    from kvgraft_plugin.curation.answer_checks import load_checker
+    from kvgraft_plugin.curation.curate import curate
+    from kvgraft_plugin.library.library import read_source
 
     engine, _ = make("\n    return 2 * x\n[end of solution]\n", answer_format="solution")
     problems = [

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvgraft_plugin._index import Hit
-from kvgraft_plugin._template import Entry
 from kvgraft_plugin.adapters import langchain as adapter
 from kvgraft_plugin.adapters.langchain import ChatKVGraft, KVGraftLLM, KVGraftRetriever
+from kvgraft_plugin.library.index import Hit
+from kvgraft_plugin.library.template import Entry
 
 
 class FakeEngine:

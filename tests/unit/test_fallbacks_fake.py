@@ -12,7 +12,7 @@ import pytest
 from test_engine_fake import ScriptedBackend
 
 from kvgraft_plugin import Entry, GraftEngine, IntegrityError, Library
-from kvgraft_plugin._build import build_library
+from kvgraft_plugin.curation.build import build_library
 
 ENTRIES = [
     Entry("mul", "What is 17 times 23?", "17 * 23 = 391.", "391"),
@@ -68,8 +68,8 @@ def test_a_graft_on_the_fake_backend_equals_text_rag(served):
 
 
 def test_the_entry_text_is_hashed_once_per_graft(served, monkeypatch):
-    import kvgraft_plugin._library as library_module
-    import kvgraft_plugin._planner as planner_module
+    import kvgraft_plugin.engine.planner as planner_module
+    import kvgraft_plugin.library.library as library_module
 
     lib, open_engine = served
     engine = open_engine(lib)
@@ -126,7 +126,7 @@ def test_a_library_judge_that_is_not_on_this_machine_leaves_the_word_guards(serv
     library.routing = {**library.routing, "judge": {"model": "no-such-judge.gguf", "threshold": 1.0}}
     library.save()
     engine = open_engine(lib)
-    with caplog.at_level("WARNING", logger="kvgraft_plugin._routing"):
+    with caplog.at_level("WARNING", logger="kvgraft_plugin.routing.library_routing"):
         near = engine.ask("What is 17 plus 23?", max_tokens=8, stop=[])
         graft = engine.ask("What is 17 times 23?", max_tokens=8, stop=[])
     assert near.route == "plain" and [v["guard"] for v in near.match if not v["passed"]] == ["terms"]  # words decided

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from test_aliases import served  # noqa: F401  (the fixture: a library built on the scripted fake backend)
 
 from kvgraft_plugin import Library
-from kvgraft_plugin._exceptions import BackendError
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.core.exceptions import BackendError
 
 DEEP = "[" * 5000 + "]" * 5000  # past Python's recursion limit for json.loads
 
@@ -66,7 +66,7 @@ def test_a_model_file_replaced_while_serving_is_refused_before_it_is_read(served
 def test_a_judge_whose_file_changed_refuses_instead_of_reading_it(tmp_path):
     from test_judge import FakeBackend
 
-    from kvgraft_plugin._judge import Judge
+    from kvgraft_plugin.routing.judge import Judge
 
     model = tmp_path / "judge.gguf"
     model.write_bytes(b"judge weights")
@@ -88,8 +88,8 @@ def test_a_judge_whose_file_changed_refuses_instead_of_reading_it(tmp_path):
 
 
 def test_calibrate_refuses_a_label_naming_no_entry_and_leaves_out_an_empty_question(served):  # noqa: F811
-    from kvgraft_plugin._calibrate import calibrate
-    from kvgraft_plugin._exceptions import ConfigError
+    from kvgraft_plugin.core.exceptions import ConfigError
+    from kvgraft_plugin.tools.calibrate import calibrate
 
     lib, open_engine = served
     engine = open_engine(lib)

@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from kvgraft_plugin._calibrate import _judge_point
-from kvgraft_plugin._exceptions import ConfigError, ContextOverflowError
-from kvgraft_plugin._judge import (
+from kvgraft_plugin.core.exceptions import ConfigError, ContextOverflowError
+from kvgraft_plugin.library.template import Entry
+from kvgraft_plugin.routing.judge import (
     CLOSE_KEPT,
     CLOSE_MARGIN,
     SMALL_EDIT,
@@ -22,9 +22,9 @@ from kvgraft_plugin._judge import (
     clear_yes,
     pair_threshold,
 )
-from kvgraft_plugin._judge_starts import JudgeStarts
-from kvgraft_plugin._rewording import REWORDING_THRESHOLD, REWORDING_VETO, edited
-from kvgraft_plugin._router import (
+from kvgraft_plugin.routing.judge_cache import JudgeStarts
+from kvgraft_plugin.routing.rewording import REWORDING_THRESHOLD, REWORDING_VETO, edited
+from kvgraft_plugin.routing.router import (
     DEFAULT_GUARDS,
     JUDGED_GUARDS,
     Candidate,
@@ -35,9 +35,9 @@ from kvgraft_plugin._router import (
     numbers_guard,
     replaced_numbers_guard,
 )
-from kvgraft_plugin._shape import kept
-from kvgraft_plugin._signature import signature
-from kvgraft_plugin._template import Entry
+from kvgraft_plugin.routing.text_shape import kept
+from kvgraft_plugin.routing.word_guards import signature
+from kvgraft_plugin.tools.calibrate import _judge_point
 
 VOCAB = ["Yes", "No", "<s>", "<turn>"]
 
@@ -127,7 +127,7 @@ READINGS = {"three": "3", "forty two": "42", "seven": "7"}
 
 
 class MemoryStarts:
-    """A start store in a dict (`kvgraft_plugin._judge_starts.JudgeStarts` keeps them in files)."""
+    """A start store in a dict (`kvgraft_plugin.routing.judge_cache.JudgeStarts` keeps them in files)."""
 
     def __init__(self) -> None:
         self.states: dict[tuple[int, ...], bytearray] = {}
@@ -435,8 +435,8 @@ def test_numbers_are_read_next_to_any_script_and_formulas_are_no_calls():
 
 
 def test_judge_settings_are_per_request_routing_settings():
-    from kvgraft_plugin._config import EngineConfig
-    from kvgraft_plugin._request import request_config
+    from kvgraft_plugin.core.config import EngineConfig
+    from kvgraft_plugin.engine.request import request_config
 
     config = request_config(EngineConfig(), {"judge_model": "off", "judge_threshold": 2.0, "profile": "math"})
     assert (config.judge_model, config.judge_threshold, config.profile) == ("off", 2.0, "math")

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from kvgraft_plugin import _routing
-from kvgraft_plugin._config import EngineConfig
-from kvgraft_plugin._judge import JUDGE_PROMPT, VETO_THRESHOLD, JudgeVerdict
-from kvgraft_plugin._judge_check import CHECK_PAIRS, check_judge
-from kvgraft_plugin._template import Entry
+from kvgraft_plugin.core.config import EngineConfig
+from kvgraft_plugin.library.template import Entry
+from kvgraft_plugin.routing import library_routing
+from kvgraft_plugin.routing.judge import JUDGE_PROMPT, VETO_THRESHOLD, JudgeVerdict
+from kvgraft_plugin.routing.judge_exam import CHECK_PAIRS, check_judge
 
 
 class ScriptedJudge:
@@ -70,42 +70,44 @@ def test_the_check_pairs_are_half_paraphrases_and_half_near_misses():
 def test_the_served_model_is_opened_as_a_judge_only_when_it_may_be_asked(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     opened: list[Path] = []
-    monkeypatch.setattr(_routing, "open_judge", lambda path, **_: opened.append(path) or ScriptedJudge(2.0, -3.0))
+    monkeypatch.setattr(
+        library_routing, "open_judge", lambda path, **_: opened.append(path) or ScriptedJudge(2.0, -3.0)
+    )
     stub = Entry("rle", 'def rle(text):\n    """Encode runs as char+count."""', "    ...")
     library = SimpleNamespace(routing={}, aliases={}, revoked={}, entries={"rle": SimpleNamespace(entry=stub)})
     served = Path("served.gguf")
     # only function prompts: the router never asks a judge about those, so none is opened
-    assert _routing.LibraryRouting(library, "minilm", served=served).judge(EngineConfig()) is None and not opened
+    assert library_routing.LibraryRouting(library, "minilm", served=served).judge(EngineConfig()) is None and not opened
     library.entries["boil"] = SimpleNamespace(entry=Entry("boil", "At what temperature does water boil?", "100"))
-    routing = _routing.LibraryRouting(library, "minilm", served=served)
+    routing = library_routing.LibraryRouting(library, "minilm", served=served)
     judge, threshold, profile = routing.judge(EngineConfig())
     assert opened == [served] and (judge.model_id, threshold, profile) == ("scripted", -1.0, "none")
-    assert _routing.LibraryRouting(library, "minilm").judge(EngineConfig()) is None  # not an instruct model
+    assert library_routing.LibraryRouting(library, "minilm").judge(EngineConfig()) is None  # not an instruct model
     assert routing.judge(EngineConfig(judge_model="off")) is None
     yes_man = ScriptedJudge(2.0, 0.5, runtime="yes-man")
-    monkeypatch.setattr(_routing, "open_judge", lambda path, **_: yes_man)
-    failed = _routing.LibraryRouting(library, "minilm", served=served)
+    monkeypatch.setattr(library_routing, "open_judge", lambda path, **_: yes_man)
+    failed = library_routing.LibraryRouting(library, "minilm", served=served)
     assert failed.judge(EngineConfig()) is None and yes_man.closed  # it fails the check: its context is freed
     assert failed.judge(EngineConfig()) is None and yes_man.asked == 1  # and it is not asked again
 
 
 def test_behind_the_word_guards_the_judge_is_a_veto_with_a_threshold_of_its_own(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(_routing, "open_judge", lambda model, **_: ScriptedJudge(2.0, -3.0))
+    monkeypatch.setattr(library_routing, "open_judge", lambda model, **_: ScriptedJudge(2.0, -3.0))
     boil = Entry("boil", "At what temperature does water boil?", "100")
     library = SimpleNamespace(routing={}, aliases={}, revoked={}, entries={"boil": SimpleNamespace(entry=boil)})
-    served = _routing.LibraryRouting(library, "minilm", served=Path("served.gguf"))
+    served = library_routing.LibraryRouting(library, "minilm", served=Path("served.gguf"))
     # the served model is checked at its own default, then vetoes at VETO_THRESHOLD
     assert served.judge(EngineConfig(profile="math"))[1:] == (VETO_THRESHOLD, "math")
     assert served.judge(EngineConfig(profile="math", judge_threshold=-2.0))[1:] == (-2.0, "math")
     record = {"model": "qwen", "prompt": JUDGE_PROMPT, "threshold": 0.5, "profile": "none"}
     library.routing = {"judge": record}
-    calibrated = _routing.LibraryRouting(library, "minilm")
+    calibrated = library_routing.LibraryRouting(library, "minilm")
     assert calibrated.judge(EngineConfig())[1:] == (0.5, "none")
     # a threshold calibrated for the judge alone is not lent to the judge behind the word guards
     assert calibrated.judge(EngineConfig(profile="math"))[1:] == (VETO_THRESHOLD, "math")
     library.routing = {"judge": {**record, "profile": "math", "threshold": -2.5}}
-    assert _routing.LibraryRouting(library, "minilm").judge(EngineConfig())[1:] == (-2.5, "math")
+    assert library_routing.LibraryRouting(library, "minilm").judge(EngineConfig())[1:] == (-2.5, "math")
 
 
 def test_a_forged_or_malformed_check_is_never_trusted_and_never_fails_a_command(tmp_path):

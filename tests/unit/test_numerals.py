@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgraft_plugin._numerals import MAX_WORDS, numerals_turns, written_numbers
+from kvgraft_plugin.routing.numerals import MAX_WORDS, numerals_turns, written_numbers
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from test_engine_fake import ScriptedBackend
 from test_fallbacks_fake import BagOfWords
 
 from kvgraft_plugin import ConfigError, GraftEngine, Library
-from kvgraft_plugin._template import RELATED
+from kvgraft_plugin.library.template import RELATED
 
 NEAR_MISS = "What is 17 plus 23?"  # the word guards refuse it for `mul` ("What is 17 times 23?")
 
@@ -108,13 +108,13 @@ def test_a_related_answer_is_a_solution_that_ends_where_the_entrys_does(served):
     ],
 )
 def test_a_worked_solution_is_read_by_its_final_number(text, number):
-    from kvgraft_plugin._checks import final_number
+    from kvgraft_plugin.curation.answer_checks import final_number
 
     assert final_number(text) == number
 
 
 def test_calibration_turns_the_route_on_only_for_more_right_answers_and_no_more_copies(served):  # noqa: F811
-    from kvgraft_plugin._calibrate import RelatedCalibration, calibrate_related
+    from kvgraft_plugin.tools.calibrate import RelatedCalibration, calibrate_related
 
     assert RelatedCalibration(0.5, 20, (9, 15), (1, 1), "m").on
     assert not RelatedCalibration(0.5, 20, (9, 15), (1, 2), "m").on  # copies rose

@@ -7,7 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kvgraft_plugin._router import (
+from kvgraft_plugin.library.template import Entry
+from kvgraft_plugin.routing.router import (
     DEFAULT_GUARDS,
     Candidate,
     Match,
@@ -27,8 +28,7 @@ from kvgraft_plugin._router import (
     terms_guard,
     units_guard,
 )
-from kvgraft_plugin._signature import signature, unpaired_numbers
-from kvgraft_plugin._template import Entry
+from kvgraft_plugin.routing.word_guards import signature, unpaired_numbers
 
 
 def cand(question: str, problem: str) -> Candidate:
@@ -390,7 +390,7 @@ def test_explain_lists_every_candidate():
 
 
 def test_a_function_prompt_is_read_as_code_examples_and_prose():
-    from kvgraft_plugin._signature import python_prompt
+    from kvgraft_plugin.library.python_prompt import python_prompt
 
     prompt = python_prompt('def chunk(items, n=2):\n    """Split items into lists of n: [1, 2, 3] -> [[1, 2], [3]]."""')
     assert prompt is not None and prompt.code == "def func(param_a, param_b=2):\n    pass"
@@ -464,7 +464,7 @@ def test_explain_skips_index_ids_the_manifest_lacks_as_route_does():
 
 
 def test_number_words_read_as_values_and_one_alone_is_no_number():
-    from kvgraft_plugin._signature import signature
+    from kvgraft_plugin.routing.word_guards import signature
 
     # "twenty-one" raised KeyError (a units word after a tens word was looked up among the words read alone)
     assert signature("There are thirty-one days and twenty one nights.").numbers == (31.0, 21.0)

@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 
-from kvgraft_plugin._checks import entry_problems
-from kvgraft_plugin._exceptions import SourceError
-from kvgraft_plugin._sandbox import (
+from kvgraft_plugin.core.exceptions import SourceError
+from kvgraft_plugin.curation.answer_checks import entry_problems
+from kvgraft_plugin.curation.sandbox import (
     TEST_DISK,
     TEST_ENTRIES,
     _failure,
@@ -29,7 +29,7 @@ from kvgraft_plugin._sandbox import (
     _wait_unreaped,
     run_tests,
 )
-from kvgraft_plugin._template import Entry
+from kvgraft_plugin.library.template import Entry
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox is POSIX")
 
@@ -268,7 +268,7 @@ class _VerifyOnlyEngine:
 
 
 def test_build_runs_a_sources_tests_only_when_asked(tmp_path, outside, caplog):
-    from kvgraft_plugin._build import build_library
+    from kvgraft_plugin.curation.build import build_library
 
     entries = [
         Entry("hostile", "def f():\n    pass", "    return 1", tests=f"open({str(outside)!r}, 'w')"),

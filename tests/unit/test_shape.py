@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgraft_plugin._shape import carried, operations, swap, tokens
+from kvgraft_plugin.routing.text_shape import carried, operations, swap, tokens
 
 
 def test_tokens_split_unspaced_scripts_into_characters_and_drop_punctuation():

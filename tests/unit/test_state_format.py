@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgraft_plugin import IncompatibleStateError, IntegrityError
-from kvgraft_plugin._state import (
+from kvgraft_plugin.adapters.llama_state import SEQ_STATE_MAGIC, for_stream_context, inspect_seq_state
+from kvgraft_plugin.core.statefile import (
     StateLayout,
     atomic_write,
     check_fingerprint,
@@ -13,7 +14,6 @@ from kvgraft_plugin._state import (
     encode_state,
     read_file,
 )
-from kvgraft_plugin.adapters.llama_state import SEQ_STATE_MAGIC, for_stream_context, inspect_seq_state
 
 FP = {"gguf_sha256": "ab" * 32, "type_k": "f16", "flash_attn": False}
 

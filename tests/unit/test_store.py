@@ -20,15 +20,15 @@ from kvgraft_plugin import (
     Library,
     RamStateCache,
     SourceError,
-    _build,
     build_library,
 )
-from kvgraft_plugin._index import Embedder
-from kvgraft_plugin._library import read_queries
-from kvgraft_plugin._lru import ByteLRU, FileLRU, RamLRU
-from kvgraft_plugin._paths import cache_root
-from kvgraft_plugin._state import decode_state, encode_state
-from kvgraft_plugin._store import FolderStore, Store, UrlStore, default_cache_dir, open_store
+from kvgraft_plugin.core.paths import cache_root
+from kvgraft_plugin.core.statefile import decode_state, encode_state
+from kvgraft_plugin.curation import build
+from kvgraft_plugin.library.index import Embedder
+from kvgraft_plugin.library.library import read_queries
+from kvgraft_plugin.library.lru import ByteLRU, FileLRU, RamLRU
+from kvgraft_plugin.library.store import FolderStore, Store, UrlStore, default_cache_dir, open_store
 from tests.unit.test_engine_fake import ScriptedBackend
 
 ENTRIES = [Entry(f"sum-{i}", f"What is {i} plus {i + 1}?", f"It is {2 * i + 1}.", f"{2 * i + 1}") for i in range(12)]
@@ -106,7 +106,7 @@ def test_a_build_writes_the_manifest_a_few_times_not_once_an_entry(engine, tmp_p
 def test_every_manifest_a_build_publishes_names_only_states_published_before_it(
     engine, memory_url, tmp_path, monkeypatch, checkpoint
 ):
-    monkeypatch.setattr(_build, "CHECKPOINT_SECONDS", checkpoint)
+    monkeypatch.setattr(build, "CHECKPOINT_SECONDS", checkpoint)
     seen = published(monkeypatch, UrlStore)
     build_library(memory_url, ENTRIES, engine=engine, cache_dir=tmp_path / "mirror")
     states: set[str] = set()
@@ -127,14 +127,14 @@ def test_an_interrupted_build_lists_exactly_its_finished_entries_and_a_rerun_res
         built.append(entry.id)
         return encode(engine_, entry, sha)
 
-    encode = _build.encode_entry
-    monkeypatch.setattr(_build, "encode_entry", dies_on_the_fifth)
+    encode = build.encode_entry
+    monkeypatch.setattr(build, "encode_entry", dies_on_the_fifth)
     with pytest.raises(KeyboardInterrupt):
         build_library(memory_url, ENTRIES, engine=engine, cache_dir=tmp_path / "mirror")
     reader = Library.open(memory_url, cache_dir=tmp_path / "reader")
     assert sorted(reader.entries) == sorted(built)
     assert all(reader.store.exists(r.state_file) for r in reader.entries.values())
-    monkeypatch.setattr(_build, "encode_entry", encode)
+    monkeypatch.setattr(build, "encode_entry", encode)
     report = build_library(memory_url, ENTRIES, engine=engine, cache_dir=tmp_path / "other-mirror")
     assert sorted(report.skipped) == sorted(built) and len(report.built) == len(ENTRIES) - 4
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvgraft_plugin import ConfigError
-from kvgraft_plugin._template import (
+from kvgraft_plugin.library.template import (
     END_OF_SOLUTION,
     SAME_TASK,
     TEMPLATE_VERSION,
@@ -127,7 +127,7 @@ def test_text_template_pieces_are_the_rendered_strings():
 
 
 def test_a_matched_function_prompt_is_restated_in_the_questions_names():
-    from kvgraft_plugin._signature import renamed_like
+    from kvgraft_plugin.library.python_prompt import renamed_like
 
     entry = Entry("code/chunks", 'def chunk_list(items, n):\n    """Split items into lists of n."""', "    ...")
     question = 'def chunks(xs, size):\n    """Cut xs into pieces."""'
