@@ -433,7 +433,7 @@ def ask(
     if entry_id is not None and library is not None:
         Library.open(library, cache_dir=options.get("cache_dir")).get(entry_id)
     with _engine(library, options, max_tokens=max_tokens) as engine:
-        engine.judge_when_idle = False  # no judgement between questions: each is answered at first-sight speed
+        engine.idle_judging.enabled = False  # no judgement between questions: each is answered at first-sight speed
         for row in rows:
             try:
                 result = engine.ask(row["question"], mode=mode, entry_id=entry_id)
@@ -824,7 +824,7 @@ def doctor(
 
 def _invariance(as_json: bool, options: dict[str, Any]) -> None:
     with _engine(None, options, decode="step") as engine:
-        report = engine.measure_invariance()
+        report = engine.lookup.measure()
         model = engine.model_path.name
     if as_json:
         click.echo(json.dumps({"model": model, **report.to_json()}))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
@@ -27,22 +26,22 @@ import numpy as np
 from kvgraft_plugin.core.backend import Backend, BatchBackend
 from kvgraft_plugin.core.config import DecodeMode, EngineConfig, LlamaConfig, RouteMode
 from kvgraft_plugin.core.exceptions import (
-    BackendError,
     ConfigError,
     EngineClosedError,
     LibraryError,
-    RequestCancelledError,
 )
-from kvgraft_plugin.core.models import check_unchanged, file_identity, file_sha256, model_for
+from kvgraft_plugin.core.models import file_sha256, model_for
 from kvgraft_plugin.core.sampling import SamplingParams
 from kvgraft_plugin.core.statefile import SavedState
-from kvgraft_plugin.engine.batch_invariance import InvarianceReport, LookupBatch, SequenceBatch
+from kvgraft_plugin.engine.batch_invariance import LookupBatch, SequenceBatch
 from kvgraft_plugin.engine.decode import DecodeStats, Transcript, decode_tokens, stream_text
+from kvgraft_plugin.engine.idle_judging import IdleJudging
 from kvgraft_plugin.engine.planner import Planner
 from kvgraft_plugin.engine.prompt_tokens import PromptTokens
-from kvgraft_plugin.engine.request import Plan, Request, check_question, request_config
+from kvgraft_plugin.engine.request import Request, check_question, request_config
 from kvgraft_plugin.engine.result import Capture, GraftChunk, GraftResult
-from kvgraft_plugin.engine.scheduler import BatchStats, Scheduler, Started
+from kvgraft_plugin.engine.scheduler import BatchStats, batch_scheduler
+from kvgraft_plugin.engine.start import Starter
 from kvgraft_plugin.engine.state_loader import StateLoader, capture, restore_diff
 from kvgraft_plugin.engine.worker import Worker
 from kvgraft_plugin.library.aliases import Alias
@@ -95,13 +94,10 @@ class GraftEngine:
             backend = _load_backend(model, self.config.llama, self.config.max_batch)
         self.backend: Backend = backend
         """The runtime. Call it only on the worker thread: from tools, through `run_exclusive`."""
-        self.answer_format: AnswerFormat = self.config.answer_format or (
-            library.answer_format if library is not None else "answer"
-        )
-        """How answers are shown and decoded: the config's, else the library's."""
-        self.template: Template = _template(self.config, library, self.answer_format, self.backend)
-        """How every route's tokens are laid out (`kvgraft_plugin.library.template`): the config's, else the
-        library's."""
+        self.template: Template = _template(self.config, library, self.backend)
+        """How every route's tokens are laid out (`kvgraft_plugin.library.template`) and answers are shown and
+        decoded (``template.fmt``): the config's, else the library's."""
+        self.answer_format: AnswerFormat = self.template.fmt
         self.prompts = PromptTokens(self.template, self.backend.tokenize)
         instruct = bool(self.backend.meta("tokenizer.chat_template"))
         self.routing = LibraryRouting(
@@ -112,14 +108,12 @@ class GraftEngine:
         self._closed = False
         self._key = load_key(self.config.key_file) if self.config.key_file else None
         self.routing.key = self._key
-        self._judging, self._judging_lock = False, threading.Lock()  # a deferred judgement is queued
-        self.judge_when_idle = True
-        """Judge deferred pairs (``judge_mode="async"``) whenever the worker is idle; False leaves them to
-        `judge_deferred` (``kvgraft ask --queries`` judges them after the last question)."""
         self._worker = Worker()
+        self.idle_judging = IdleJudging(self.routing, self._worker, self._key)
+        """When deferred pairs (``judge_mode="async"``) are judged: whenever the worker is idle, unless
+        ``idle_judging.enabled`` is False (``kvgraft ask --queries`` judges them after the last question)."""
         try:
             self.model_sha256 = file_sha256(self.backend.model_path)
-            self._model_identity = file_identity(self.backend.model_path)
             runtime = self._worker.call(self.backend.runtime_facts)
             self.fingerprint = make_fingerprint(
                 template=self.template.name, gguf_sha256=self.model_sha256, runtime=runtime, llama=self.config.llama
@@ -128,38 +122,27 @@ class GraftEngine:
                 library, self.fingerprint, self.state_cache,
                 prefix_tokens=self.prompts.prefix, check_payload=self.backend.check_state,
             )  # fmt: skip
-            self._planner = Planner(library, self.routing, self._states, self.prompts, self.backend.n_ctx)
-            self._lookup = LookupBatch(self.fingerprint, self.config.llama.n_threads, self.run_exclusive)
-            n_seq = getattr(self.backend, "n_seq", 1)
-            self._sequences = SequenceBatch(self.fingerprint, self.config.llama.n_threads, n_seq, self.run_exclusive)
-            self._scheduler = self._batching(n_seq)
+            planner = Planner(library, self.routing, self._states, self.prompts, self.backend.n_ctx)
+            n_threads, n_seq = self.config.llama.n_threads, getattr(self.backend, "n_seq", 1)
+            self.lookup = LookupBatch(self.fingerprint, n_threads, self.run_exclusive)
+            """The largest batch lookup decoding may verify (``lookup.max_batch``: measured once per build, model,
+            settings and thread count, then cached; ``lookup.measure()`` measures it again now)."""
+            self.sequences = SequenceBatch(self.fingerprint, n_threads, n_seq, self.run_exclusive)
+            """How many sequences decode together bitwise as each alone (``sequences.measure()``: now; the
+            scheduler's batch was fixed when the engine was made)."""
+            self._starter = Starter(self.backend, planner, self._states, self.lookup)
+            self._scheduler = batch_scheduler(
+                self.backend, self._worker, self._starter.start_batched, self.template.trim, self.sequences
+            )
             self._worker.call(self.prompts.preamble)
             if self.config.decode != "step" and not self.backend.layout.recurrent:
-                self._worker.call(lambda: self._lookup.max_batch)  # measured once per build and model, not in a TTFT
+                self._worker.call(lambda: self.lookup.max_batch)  # measured once per build and model, not in a TTFT
             if library is not None and library.trusted and library.entries:
                 self._worker.call(self.routing.warm_up)
                 self._worker.call(lambda: self.routing.judge(self.config))  # opened (and checked) before a request
         except BaseException:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise
-
-    def _batching(self, n_seq: int) -> Scheduler | None:
-        """A scheduler for up to the measured number of sequences (`SequenceBatch`), or ``None``: serial."""
-        if n_seq < 2:
-            return None
-        proven = self._sequences.max_batch
-        if proven < 2:
-            logger.warning(
-                "sequences decoded together are not bitwise equal to each alone on this build and model: "
-                "requests are served one at a time (kvgraft doctor)"
-            )
-            return None
-        if proven < n_seq:
-            logger.warning(
-                "batches of %d sequences are bitwise; of %d they are not: batching %d", proven, n_seq, proven
-            )
-        backend = cast(BatchBackend, self.backend)
-        return Scheduler(backend, self._worker, self._start_batched, trim=self.template.trim, max_batch=proven)
 
     @property
     def max_batch(self) -> int:
@@ -194,11 +177,8 @@ class GraftEngine:
     # -- tools' API: each call runs on the worker thread, between requests ----------------------------
 
     def run_exclusive(self, fn: Callable[[Backend], T]) -> T:
-        """``fn(backend)`` on the worker thread, between requests, with an empty cache afterwards.
-
-        For measurements (``kvgraft bench-graft``, ``kvgraft doctor``) that time or probe the runtime itself.
-        """
-
+        """``fn(backend)`` on the worker thread, between requests, with an empty cache afterwards: for tools
+        that time or probe the runtime itself (``kvgraft bench-graft``, ``kvgraft doctor``)."""
         return self._on_worker(lambda: _then_reset(self.backend, fn))
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
@@ -250,37 +230,12 @@ class GraftEngine:
     def judge_deferred(self) -> list[Alias]:
         """Judge every pair deferred so far (``judge_mode="async"``) now, instead of when the engine is idle;
         the aliases approved (each also stored in the library)."""
-
-        def judge_all() -> list[Alias]:
-            approved = []
-            while self.routing.pending:
-                alias = self.routing.judge_deferred(self._key)
-                approved += [alias] if alias is not None else []
-            return approved
-
-        return self._on_worker(judge_all)
+        return self._on_worker(self.idle_judging.judge_all)
 
     @property
     def aliases(self) -> Mapping[str, Alias]:
         """The library's aliases in force, by `kvgraft_plugin.library.aliases.alias_key` (empty without a library)."""
         return self.routing.aliases
-
-    @property
-    def lookup_batch(self) -> int:
-        """The largest batch proven bitwise equal to one-token steps here (1: none is). Measured once per
-        build, model, settings and thread count (`measure_invariance`), then read from the cache."""
-        return self._lookup.max_batch
-
-    def measure_batching(self) -> InvarianceReport:
-        """Measure now whether this engine's sequences decoded together are bitwise equal to each alone (a few
-        seconds; `kvgraft_plugin.engine.batch_invariance.measure_sequences`) and remember it for this fingerprint. The
-        scheduler's batch was fixed when the engine was made."""
-        return self._sequences.measure()
-
-    def measure_invariance(self) -> InvarianceReport:
-        """Measure batch invariance now (a second or two; `kvgraft_plugin.engine.batch_invariance`), remember it for
-        this fingerprint and use it for lookup decoding."""
-        return self._lookup.measure()
 
     # -- public API -----------------------------------------------------------------------------------
 
@@ -352,37 +307,16 @@ class GraftEngine:
                 batched = config.replace(judge_mode="async") if config.judge_mode == "inline" else config
                 yield from self._scheduler.stream(request, batched, cancel)
         finally:
-            self._judge_when_idle()
-
-    def _judge_when_idle(self) -> None:
-        """Queue the deferred judgements (``judge_mode="async"``) for when no request is waiting, one at a time."""
-        with self._judging_lock:
-            if self._judging or self._closed or not self.judge_when_idle or not self.routing.pending:
-                return
-            self._judging = True
-
-        def judge_one() -> None:
-            with self._judging_lock:
-                self._judging = False
-            if self._closed:
-                return
-            try:
-                self.routing.judge_deferred(self._key)
-            except Exception:  # background work: a failure is logged, never raised into a request
-                logger.exception("a deferred judgement failed")
-            self._judge_when_idle()
-
-        self._worker.when_idle(judge_one)
+            self.idle_judging.after_request()
 
     # -- the data path, on the worker thread ------------------------------------------------------------
 
     def _run(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Iterator[GraftChunk]:
         """One request alone: route, restore or prefill, decode."""
-        started = self._start(request, config, lookup=True, cancel=cancel)
-        stats, out = DecodeStats(), Transcript()
-        context, n_entry, batch = started.context, started.n_entry, started.lookup
+        started = self._starter.start(request, config, lookup=True, cancel=cancel)
+        stats, out, context, n_entry = DecodeStats(), Transcript(), started.context, started.n_entry
         tokens = decode_tokens(
-            self.backend, started.sampler, started.limit, batch=batch, entry=context[:n_entry],
+            self.backend, started.sampler, started.limit, batch=started.lookup, entry=context[:n_entry],
             rest=context[n_entry:], stop=started.stop, stats=stats,
         )  # fmt: skip
         try:
@@ -393,79 +327,7 @@ class GraftEngine:
         finally:
             tokens.close()
             started.sampler.close()
-        yield GraftChunk("", started.finish(out, stats, "lookup" if batch > 1 else "step"))
-
-    def _start(
-        self, request: Request, config: EngineConfig, *, lookup: bool, cancel: threading.Event | None = None
-    ) -> Started:
-        """Route ``request`` and restore or prefill it into the backend's current sequence: how to decode it
-        (with ``lookup``, the batch lookup decoding may verify; without, step decoding). A ``cancel`` already
-        set (the client left while the request waited) raises `RequestCancelledError` before any of that work."""
-        if cancel is not None and cancel.is_set():
-            raise RequestCancelledError("the request was cancelled before it started")
-        start = time.perf_counter()
-        check_unchanged(self.backend.model_path, self._model_identity, "the served model's")
-        phases: dict[str, float] = {}
-        plan = self._planner.plan(request, config, phases)
-        if lookup:
-            batch = self._lookup.for_request(
-                request.decode, self.backend, plan.notes
-            )  # before the prefill: it may measure
-        else:
-            batch = 1
-            if request.decode == "lookup":
-                plan.notes.append("lookup decoding not used: the request was decoded in a batch with others")
-        try:
-            self._prefill(plan, phases)
-        except BackendError as exc:
-            if plan.state is None or plan.record is None:
-                raise
-            # llama.cpp refused the bytes: forget them, and serve the entry by text RAG
-            self.forget_state(plan.record)
-            logger.warning("restore of %s refused by llama.cpp: %s", plan.record.id, exc)
-            plan = self._planner.as_text_rag(
-                plan, f"integrity: llama.cpp refused the state of {plan.record.id} ({exc})"
-            )
-            self._prefill(plan, phases)
-
-        # the sampler's history is the whole context, restored or prefilled: the same ids on every route
-        context = list(plan.state.tokens) + plan.tokens if plan.state is not None else plan.tokens
-        n_entry = len(context) - plan.n_suffix if plan.route != "plain" else 0  # drafts come from the entry first
-        budget = plan.max_tokens if plan.max_tokens is not None else request.max_tokens
-        limit = min(budget, self.backend.n_ctx - self.backend.n_past)
-        sampler = self.backend.sampler(request.sampling, context)
-
-        def finish(out: Transcript, stats: DecodeStats, decoder: str) -> GraftResult:
-            if out.first_token is not None:
-                phases["first_token"] = (out.first_token - out.started) * 1000.0
-            phases["decode"] = (out.ended - out.started) * 1000.0
-            return plan.result(out, stats, decoder, start, phases)
-
-        stop = request.related_stop if plan.cue == "related" else request.stop
-        return Started(sampler, limit, finish, context, n_entry, batch, stop)
-
-    def _start_batched(self, request: Request, config: EngineConfig, cancel: threading.Event) -> Started:
-        return self._start(request, config, lookup=False, cancel=cancel)
-
-    def _prefill(self, plan: Plan, phases: dict[str, float]) -> None:
-        """Restore the state (graft) or clear the cache, then prefill.
-
-        Text RAG and plain prefill the prefix, then the suffix: the same ids in the same
-        ``n_batch`` chunks as graft's restore + suffix, which is what makes their logits equal.
-        """
-        backend = self.backend
-        t0 = time.perf_counter()
-        if plan.state is not None:
-            backend.restore_state(plan.state.payload, len(plan.state.tokens))
-        else:
-            backend.reset()
-        t1 = time.perf_counter()
-        n_prefix = len(plan.tokens) - plan.n_suffix
-        if n_prefix:
-            backend.prefill(plan.tokens[:n_prefix])
-        backend.prefill(plan.tokens[n_prefix:])
-        phases["restore"] = (t1 - t0) * 1000.0
-        phases["prefill"] = (time.perf_counter() - t1) * 1000.0
+        yield GraftChunk("", started.finish(out, stats, "lookup" if started.lookup > 1 else "step"))
 
     def _on_worker(self, fn: Callable[[], T]) -> T:
         self._check_open()
@@ -476,7 +338,7 @@ class GraftEngine:
         any other call after it raises `EngineClosedError`."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self.idle_judging.closed = True
 
         def free() -> None:
             self.routing.close()
@@ -516,8 +378,9 @@ def _then_reset(backend: Backend, fn: Callable[[Backend], T]) -> T:
         backend.reset()
 
 
-def _template(config: EngineConfig, library: Library | None, fmt: AnswerFormat, backend: Backend) -> Template:
-    """How every route's tokens are laid out: the config's template, else the library's."""
+def _template(config: EngineConfig, library: Library | None, backend: Backend) -> Template:
+    """How every route's tokens are laid out, in which answer format: the config's, else the library's."""
+    fmt: AnswerFormat = config.answer_format or (library.answer_format if library is not None else "answer")
     kind: TemplateKind = config.template or (library.template if library is not None else "text")
     chat_name = config.chat_template or (library.chat_template if library is not None else None)
 

@@ -23,38 +23,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from kvgraft_plugin.core.backend import BatchBackend
+from kvgraft_plugin.core.backend import Backend, BatchBackend
 from kvgraft_plugin.core.config import EngineConfig
+from kvgraft_plugin.engine.batch_invariance import SequenceBatch
 from kvgraft_plugin.engine.decode import DecodeStats, TextAssembler, Transcript
 from kvgraft_plugin.engine.request import Request
-from kvgraft_plugin.engine.result import GraftChunk, GraftResult
+from kvgraft_plugin.engine.result import GraftChunk
+from kvgraft_plugin.engine.start import Started
 from kvgraft_plugin.engine.worker import Worker
 
-__all__ = ["BatchStats", "Scheduler", "Started"]
+__all__ = ["BatchStats", "Scheduler", "batch_scheduler"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Started:
-    """A request routed and prefilled into the current sequence, ready to decode (`GraftEngine._start`)."""
-
-    sampler: Any
-    """The request's `TokenSampler`."""
-    limit: int
-    """Tokens it may decode."""
-    finish: Callable[[Transcript, DecodeStats, str], GraftResult]
-    """Its result, from the transcript, the decoder's stats and the decoder's name."""
-    context: list[int] = field(default_factory=list)
-    """Every token in its sequence: restored, then prefilled."""
-    n_entry: int = 0
-    """How many of the first are the entry's (lookup drafts come from there first)."""
-    lookup: int = 1
-    """The batch lookup decoding may verify (1: step decoding)."""
-    stop: tuple[str, ...] = ()
-    """Its stop strings (the request's, for the route its plan took)."""
 
 
 @dataclass
@@ -103,7 +85,7 @@ class Scheduler:
     """Decodes up to ``max_batch`` requests together on ``worker``.
 
     ``start(request, config)`` routes a request and restores or prefills it into the backend's current
-    sequence (the engine's `GraftEngine._start`); ``trim`` is the template's.
+    sequence (`kvgraft_plugin.engine.start.Starter.start_batched`); ``trim`` is the template's.
     """
 
     def __init__(
@@ -228,3 +210,27 @@ class Scheduler:
         self._backend.use_sequence(active.seq)
         self._backend.reset()
         self._free.append(active.seq)
+
+
+def batch_scheduler(
+    backend: Backend,
+    worker: Worker,
+    start: Callable[[Request, EngineConfig, threading.Event], Started],
+    trim: Callable[[str], str],
+    sequences: SequenceBatch,
+) -> Scheduler | None:
+    """A scheduler for as many of ``backend``'s sequences as are measured bitwise equal decoded together
+    (`SequenceBatch`), or ``None``: requests are served one at a time."""
+    n_seq = getattr(backend, "n_seq", 1)
+    if n_seq < 2:
+        return None
+    proven = sequences.max_batch
+    if proven < 2:
+        logger.warning(
+            "sequences decoded together are not bitwise equal to each alone on this build and model: "
+            "requests are served one at a time (kvgraft doctor)"
+        )
+        return None
+    if proven < n_seq:
+        logger.warning("batches of %d sequences are bitwise; of %d they are not: batching %d", proven, n_seq, proven)
+    return Scheduler(cast(BatchBackend, backend), worker, start, trim=trim, max_batch=proven)

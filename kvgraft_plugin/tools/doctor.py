@@ -126,7 +126,7 @@ def run_doctor(
 
 
 def _lookup_row(engine: GraftEngine) -> DoctorRow:
-    report = engine.measure_invariance()
+    report = engine.lookup.measure()
     differing = [row for row in report.rows if not row.bitwise]
     note = f"lookup decoding verifies up to {report.max_batch} tokens at once"
     if differing:
@@ -141,7 +141,7 @@ def _lookup_row(engine: GraftEngine) -> DoctorRow:
 
 
 def _batch_row(engine: GraftEngine, n_seq: int) -> DoctorRow:
-    report = engine.measure_batching()
+    report = engine.sequences.measure()
     note = f"batched serving decodes up to {report.max_batch} requests together"
     if report.max_batch < 2:
         note = "batched serving is off here: requests are served one at a time"

@@ -32,7 +32,7 @@ RUNS = [
 @pytest.mark.parametrize("model", ["gemma", "smol"])
 def test_batches_are_bitwise_one_token_steps(model, request):
     engine = request.getfixturevalue(model)
-    report = engine.measure_invariance()
+    report = engine.lookup.measure()
     assert report.max_batch == CLAIMED_BATCH
     assert [r.k for r in report.rows] == [k for k in range(2, CLAIMED_BATCH + 1) for _ in (0, 1)]
     assert all(r.bitwise and r.max_diff == 0.0 and r.kl == 0.0 for r in report.rows)
@@ -65,7 +65,7 @@ def test_lookup_gives_the_step_text_on_every_route(model, library, request):
     with GraftEngine(
         request.getfixturevalue(library), model_path=str(request.getfixturevalue(model)), n_threads=2
     ) as engine:
-        assert engine.lookup_batch == CLAIMED_BATCH
+        assert engine.lookup.max_batch == CLAIMED_BATCH
         routes = set()
         for question, mode, sampling in RUNS:
             step = engine.ask(question, mode=mode, decode="step", max_tokens=24, sampling=sampling)

@@ -312,7 +312,7 @@ def test_lookup_keeps_the_budget_and_the_context_limit(make):
 
 def test_lookup_is_step_decoding_where_batches_are_not_proven(make, monkeypatch):
     engine, _ = make("abab\n", decode="lookup")
-    engine._lookup._max_batch = 1  # what a build whose batches differ from steps measures
+    engine.lookup._max_batch = 1  # what a build whose batches differ from steps measures
     result = engine.ask("abababab", stop=["\n"])
     assert (result.text, result.decode) == ("abab", "step")
     assert any("lookup decoding not used" in note for note in result.notes)

@@ -125,3 +125,9 @@ def test_importing_the_package_changes_no_environment_variable():
     env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_")}
     changed = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, env=env, check=True)
     assert json.loads(changed.stdout) == {}
+
+
+def test_the_engine_class_reads_as_the_data_path_in_at_most_300_lines():
+    tree = ast.parse((ROOT / "kvgraft_plugin" / "engine" / "engine.py").read_text())
+    (engine,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "GraftEngine"]
+    assert engine.end_lineno is not None and engine.end_lineno - engine.lineno + 1 <= 300

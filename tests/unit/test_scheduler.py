@@ -142,7 +142,7 @@ def test_the_batch_is_capped_where_sequences_together_stop_matching_each_alone(b
     engine, _ = batched(4, skew_from=3)
     assert engine.max_batch == 2
     assert "batching 2" in caplog.text
-    report = engine.measure_batching()
+    report = engine.sequences.measure()
     assert report.max_batch == 2 and [row.bitwise for row in report.rows] == [True, False]
     assert report.rows[1].max_diff == pytest.approx(1e-3)
 
