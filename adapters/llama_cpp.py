@@ -370,8 +370,9 @@ class LlamaBackend:
     def verify(self, tokens: Sequence[int]) -> None:
         """Feed ``tokens`` as one batch with logits at every position (``sample(i)`` reads output ``i``).
 
-        Bitwise equal to feeding them one at a time only on a build and settings that `_invariance`
-        proved batch-invariant up to ``len(tokens)``; the lookup decoder never asks for more."""
+        Bitwise equal to feeding them one at a time only on a build and settings that
+        `kvgraft_plugin.engine.batch_invariance` proved batch-invariant up to ``len(tokens)``; the lookup
+        decoder never asks for more."""
         if not 0 < len(tokens) <= self.n_batch:
             raise ConfigError(f"a verified batch holds 1 to n_batch={self.n_batch} tokens, got {len(tokens)}")
         self._feed(tokens, all_logits=True)

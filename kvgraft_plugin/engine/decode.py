@@ -8,7 +8,7 @@ the query and the text so far), feeds the last token and the guesses as one batc
 position, and asks the sampler for a token at each position in turn, stopping at the first that differs
 from the guess. The sampler sees exactly the logits, history and random draws it sees in step decoding,
 so the tokens are step decoding's, greedy or sampled, as long as a batch's logits are bitwise those of
-one-token steps: batches are capped at the size `_invariance` proved. Rejected guesses are dropped from
+one-token steps: batches are capped at the size `batch_invariance` proved. Rejected guesses are dropped from
 the cache before the next batch.
 """
 

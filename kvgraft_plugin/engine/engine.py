@@ -140,6 +140,7 @@ class GraftEngine:
             if library is not None and library.trusted and library.entries:
                 self._worker.call(self.routing.warm_up)
                 self._worker.call(lambda: self.routing.judge(self.config))  # opened (and checked) before a request
+            self.routing.serving = True  # no model is opened inside a request
         except BaseException:
             self.close()  # nothing leaks when the constructor fails after loading the model
             raise

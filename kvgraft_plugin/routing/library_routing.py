@@ -67,6 +67,9 @@ class LibraryRouting:
         self._unavailable: dict[str, str] = {}  # judges that cannot be opened here, and why (logged once)
         self._checked: dict[float, bool] = {}  # the served model's judge check, per threshold
         self._function_prompts: bool | None = None
+        self.serving = False
+        """Set once the engine serves requests: no judge model is opened after that (a request never waits for a
+        model to load); a judge the engine did not open routes without a judge, and the trail says why."""
         self._deferred: OrderedDict[tuple[str, float, bool], DeferredJudge] = OrderedDict()
         self.aliases: dict[str, Alias] = _live_aliases(library)
         """The library's aliases whose entry still has the text that was judged; every router reads it."""
@@ -288,6 +291,8 @@ class LibraryRouting:
             return None
         judge = self._judges.get(model)
         if judge is None:
+            if self._not_opened(model):
+                return None
             try:
                 judge = self._judges[model] = open_judge(model, n_threads=config.llama.n_threads)
             except KVGraftError as exc:
@@ -312,6 +317,14 @@ class LibraryRouting:
         recorded = self.library.routing.get("judge") if self.library is not None else None
         model = config.judge_model or (recorded.get("model") if isinstance(recorded, dict) else None)
         return self._unavailable.get(str(model or self.served))
+
+    def _not_opened(self, model: str) -> bool:
+        """True (and why, in `unavailable`) when ``model`` would have to be opened while serving."""
+        if not self.serving:
+            return False
+        self._unavailable[model] = f"the judge {model} was not opened with the engine (open the engine with it)"
+        logger.warning("%s: routing without a judge", self._unavailable[model])
+        return True
 
     def _judge_setting(self, config: EngineConfig, model: str | None) -> tuple[float, str]:
         """(margin threshold, profile) for judge ``model``: the config's, else the library's calibration of
@@ -340,6 +353,8 @@ class LibraryRouting:
         if self._checked.get(checked) is False:
             return None
         if model in self._unavailable:
+            return None
+        if model not in self._judges and self._not_opened(model):
             return None
         try:
             judge = self._judges.get(model)

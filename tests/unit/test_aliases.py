@@ -403,9 +403,23 @@ def test_a_served_model_that_cannot_judge_routes_without_a_judge(served, monkeyp
     monkeypatch.setattr(library_routing, "open_judge", failing)
     engine = open_engine(lib)
     engine.routing.served = Path(engine.backend.model_path)  # as for an instruct model with a chat template
+    engine.routing.serving = False  # as while the engine opens, where the served model is opened as its judge
     answer = engine.ask(PARAPHRASE, max_tokens=4, stop=[])  # before: the BackendError failed the request
     assert answer.route == "plain" and answer.text
     assert any("the served model cannot judge" in (v["reason"] or "") for v in answer.match), answer.match
+
+
+def test_no_judge_model_is_opened_inside_a_request(served, monkeypatch):
+    """A judge the engine did not open when it opened (here: the served model, found instruct only later) is
+    never loaded by a request: it is answered without a judge, and the trail says why."""
+    lib, open_engine = served
+    engine = open_engine(lib)
+    opened = []
+    monkeypatch.setattr(library_routing, "open_judge", lambda model, **_: opened.append(model))
+    engine.routing.served = Path(engine.backend.model_path)
+    answer = engine.ask(PARAPHRASE, max_tokens=4, stop=[])
+    assert opened == [] and answer.route == "plain" and answer.text
+    assert any("was not opened with the engine" in (v["reason"] or "") for v in answer.match), answer.match
 
 
 def test_per_request_judge_settings_are_bounded(served):
